@@ -35,6 +35,10 @@ test: setup
 train: setup
 	@echo "make train: the pix GRPO campaign is not implemented yet (issue: GRPO campaigns on depth-v1)." >&2; exit 2
 
+# Evaluator throughput: in-process vs sandbox (2 workers) vs spawn-per-candidate, one run (~3-5 min).
+bench-eval: setup
+	papermill nbs/bench_eval.ipynb runs/bench_eval.ipynb --cwd nbs
+
 lab: setup
 	jupyter lab --notebook-dir=nbs
 

@@ -24,7 +24,7 @@ from .geometry import Grid, Scene, mask_sha256, rasterize, render, run_program
 __all__ = ['RELEASE', 'SPLITS', 'LEVELS', 'CAL_SHAPE', 'MODEL_IMAGE_SHAPE', 'Q', 'FAMILIES', 'SPLIT_SIZES', 'NEAR_DUPLICATE_IOU',
            'Family', 'task_id', 'make_task', 'task_digest', 'generate_release', 'DatasetIntegrityError',
            'manifest_path', 'read_manifest', 'rebuild_cache', 'Task', 'load_split', 'release_digest', 'get_task',
-           'seal_release']
+           'seal_release', 'cli_main']
 
 # %% ../nbs/01_tasks.ipynb #9265130e
 RELEASE = "depth-v1"
@@ -989,6 +989,12 @@ def _main(argv=None):
         for s in SPLITS:
             print(f"{s}: {len(load_split(s))} tasks verified")
     print(f"{time.perf_counter() - t0:.1f} s")
+
+
+def cli_main(argv=None) -> int:
+    "Entry point of `pixrl tasks --seal|--rebuild|--verify`."
+    _main(argv)
+    return 0
 
 
 if __name__ == "__main__" and "__file__" in globals():  # `python -m pixrl.tasks`, not a notebook kernel
