@@ -5,7 +5,7 @@ PY    := $(CURDIR)/$(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STAMP := $(VENV)/.pixrl-setup
 
-.PHONY: setup test train probe lab bench bench-eval gpu-check export clean-nbs
+.PHONY: setup test train probe lab bench-eval gpu-check tiny export clean-nbs
 
 setup: $(STAMP)
 
@@ -32,8 +32,21 @@ test: setup
 	nbdev_test
 	python -m pytest -q -p no:cacheprovider tests
 
+# The main job: arm B (base RL L0 -> L4) on the embedded pixrl-tiny; re-running resumes (finished stages are skipped).
 train: setup
-	@echo "make train: the pix GRPO campaign is not implemented yet (issue: GRPO campaigns on depth-v1)." >&2; exit 2
+	papermill nbs/train.ipynb runs/b.ipynb -p arm B --cwd nbs
+
+# The fixed 80-task probe of a model (default pixrl-tiny); -> runs/probe.ipynb + runs/probe/probe.json
+probe: setup
+	papermill nbs/probe.ipynb runs/probe.ipynb --cwd nbs
+
+# Smoke campaign on CUDA with a from-config model larger than pixrl-tiny; refuses clearly without a GPU.
+gpu-check: setup
+	python scripts/gpu_check.py
+
+# Rebuild pixrl-tiny from its seed (~35 min on 2 free cores); the committed copy is in data/models/pixrl-tiny.
+tiny: setup
+	papermill nbs/base_model.ipynb runs/base_model.ipynb --cwd nbs
 
 # Evaluator throughput: in-process vs sandbox (2 workers) vs spawn-per-candidate, one run (~3-5 min).
 bench-eval: setup
