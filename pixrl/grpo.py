@@ -120,6 +120,19 @@ def grpo_config(out_dir, steps: int, lr: float = 5e-4, num_generations: int = 8,
                       mask_truncated_completions=False, **extra)
 
 # %% ../nbs/07_grpo.ipynb #02122d30
+def _train_resumable(trainer, policy, out_dir: Path, meta: dict) -> dict:
+    "Train from the last complete checkpoint in `out_dir` (none: from scratch), then save metrics and final weights."
+    last = last_checkpoint(out_dir)
+    resumed = int(last.rsplit("-", 1)[1]) if last else 0
+    t0 = time.perf_counter()
+    trainer.train(resume_from_checkpoint=last)
+    hist = trainer.state.log_history
+    (out_dir / "metrics.json").write_text(json.dumps(hist, indent=0))
+    final = _finish(trainer, policy, out_dir, meta)
+    return {"final_dir": str(final), "global_step": trainer.state.global_step, "resumed_from_step": resumed,
+            "log_history": hist, "seconds": time.perf_counter() - t0}
+
+
 def _finish(trainer, policy: Policy, out_dir: Path, meta: dict) -> Path:
     "Merge LoRA (if any) and save `out_dir/final` with the policy's PromptSpec."
     model = trainer.model
@@ -144,16 +157,8 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float = 5e
                              processing_class=policy.tokenizer, peft_config=lora_config(lora_rank),
                              callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)  # metrics go to metrics.json, not stdout
-    last = last_checkpoint(out_dir)
-    resumed = int(last.rsplit("-", 1)[1]) if last else 0
-    t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=last)
-    hist = trainer.state.log_history
-    (out_dir / "metrics.json").write_text(json.dumps(hist, indent=0))
-    final = _finish(trainer, policy, out_dir, {"stage": "grpo", "steps": steps})
-    return {"final_dir": str(final), "global_step": trainer.state.global_step, "resumed_from_step": resumed,
-            "log_history": hist, "time_shares": time_shares(hist), "seconds": time.perf_counter() - t0,
-            "n_rows": len(rows)}
+    out = _train_resumable(trainer, policy, out_dir, {"stage": "grpo", "steps": steps})
+    return {**out, "time_shares": time_shares(out["log_history"]), "n_rows": len(rows)}
 
 # %% ../nbs/07_grpo.ipynb #a27a1169
 def run_sft(model_dir: str, tasks: list, out_dir, *, epochs: float = 2.0, lr: float = 5e-4, lora_rank: int = 16,
@@ -167,12 +172,5 @@ def run_sft(model_dir: str, tasks: list, out_dir, *, epochs: float = 2.0, lr: fl
     trainer = SFTTrainer(model=policy.model, args=cfg, train_dataset=sft_dataset(policy, tasks),
                          processing_class=policy.tokenizer, peft_config=lora_config(lora_rank))
     trainer.remove_callback(PrinterCallback)
-    last = last_checkpoint(out_dir)
-    resumed = int(last.rsplit("-", 1)[1]) if last else 0
-    t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=last)
-    hist = trainer.state.log_history
-    (out_dir / "metrics.json").write_text(json.dumps(hist, indent=0))
-    final = _finish(trainer, policy, out_dir, {"stage": "sft", "epochs": epochs})
-    return {"final_dir": str(final), "global_step": trainer.state.global_step, "resumed_from_step": resumed,
-            "log_history": hist, "seconds": time.perf_counter() - t0, "n_rows": len(tasks)}
+    out = _train_resumable(trainer, policy, out_dir, {"stage": "sft", "epochs": epochs})
+    return {**out, "n_rows": len(tasks)}
