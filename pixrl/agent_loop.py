@@ -6,7 +6,7 @@ import dataclasses, json, re, urllib.error, urllib.request
 from dataclasses import dataclass
 
 from .core import Timer, run_record
-from .harvest import sample_and_verify
+from .harvest import sample_and_verify, task_prompts
 from .tasks import Task, release_digest
 
 # %% auto #0
@@ -120,10 +120,10 @@ def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(),
     (code + metrics + the round/attempt it came from); `summary` has the means. A champion that
     never executed keeps its status and `executable: False` — it is reported, never scored as a
     silent zero IoU."""
-    from pixrl.prompt import build_prompt, PromptSpec
+    from pixrl.prompt import PromptSpec
     if not tasks: raise ValueError("run_agent_loop: no tasks given")
     spec = spec or getattr(policy, "prompt_spec", None) or PromptSpec(representation=config.representation)
-    prompts = [build_prompt(t, spec) for t in tasks]
+    prompts = task_prompts(policy, tasks, spec)
     gen = dict(temperature=config.temperature, max_new_tokens=config.max_new_tokens,
                representation=config.representation)
     with Timer() as timer:

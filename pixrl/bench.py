@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .core import Timer
-from .harvest import sample_and_verify
+from .harvest import sample_and_verify, task_prompts
 from .tasks import Task, load_split, release_digest
 
 # %% auto #0
@@ -73,14 +73,14 @@ def run_benchmark(policy, tasks: list[Task] | None = None, *, n: int = 8, temper
                   max_new_tokens: int | None = None, seed: int = 0, spec=None, representation: str = "py",
                   model: str | None = None) -> dict:
     """Sample `n` completions per benchmark task, verify and score them; returns the strict-JSON record."""
-    from pixrl.prompt import build_prompt, PromptSpec
+    from pixrl.prompt import PromptSpec
     tasks = benchmark_tasks() if tasks is None else list(tasks)
     if not tasks: raise ValueError("run_benchmark: no tasks")
     bad = [t.id for t in tasks if t.split != "test"]
     if bad: raise ValueError(f"benchmark tasks must come from the test split; not test: {bad[:5]}")
     spec = spec or getattr(policy, "prompt_spec", None) or PromptSpec(representation=representation)
     with Timer() as timer:
-        scored = sample_and_verify(policy, tasks, [build_prompt(t, spec) for t in tasks], n,
+        scored = sample_and_verify(policy, tasks, task_prompts(policy, tasks, spec), n,
                                    temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                                    representation=representation)
     rows = []

@@ -13,6 +13,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 from peft import LoraConfig
 from .policy import load_policy, save_policy, Policy, format_answer
+from .prompt import prompt_text, user_turn
 from .reward import make_reward_fn
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -32,14 +33,24 @@ def replay_mix(tasks: list, replay_tasks: list, replay_share: float, seed: int =
     order = np.random.default_rng(seed).permutation(len(replay_tasks))
     return list(tasks) + [replay_tasks[order[i % len(order)]] for i in range(k)]
 
+def _vision_prompts(policy: Policy, tasks: list) -> dict:
+    """A VLM's rows: the conversational prompt + an `image` column. TRL puts the image first in the user turn and
+    applies the processor's chat template, which gives exactly `policy.prompt(task)` (tested below)."""
+    return {"prompt": [user_turn(prompt_text(t, policy.prompt_spec)) for t in tasks], "image": policy.images(tasks)}
+
 def rl_dataset(policy: Policy, tasks: list) -> Dataset:
-    "GRPO rows: the policy's prompt + `task_id`."
-    return Dataset.from_dict({"prompt": [policy.prompt(t) for t in tasks], "task_id": [t.id for t in tasks]})
+    "GRPO rows: the policy's prompt (a VLM: conversational prompt + `image`) + `task_id`."
+    rows = _vision_prompts(policy, tasks) if policy.vision else {"prompt": [policy.prompt(t) for t in tasks]}
+    return Dataset.from_dict({**rows, "task_id": [t.id for t in tasks]})
 
 def sft_dataset(policy: Policy, tasks: list) -> Dataset:
-    "SFT rows in prompt-completion form: the same prompt string as RL, completion = ground-truth program."
-    return Dataset.from_dict({"prompt": [policy.prompt(t) for t in tasks],
-                              "completion": [format_answer(t.program) for t in tasks]})
+    """SFT rows in prompt-completion form: the same prompt as RL, completion = ground-truth program (a VLM: the
+    same conversational prompt + `image`, the program as the assistant turn)."""
+    answers = [format_answer(t.program) for t in tasks]
+    if policy.vision:
+        return Dataset.from_dict({**_vision_prompts(policy, tasks),
+                                  "completion": [[{"role": "assistant", "content": a}] for a in answers]})
+    return Dataset.from_dict({"prompt": [policy.prompt(t) for t in tasks], "completion": answers})
 
 # %% ../nbs/07_grpo.ipynb #014c6b9d
 class PixGRPOTrainer(GRPOTrainer):
@@ -137,7 +148,7 @@ def _finish(trainer, policy: Policy, out_dir: Path, meta: dict) -> Path:
     "Merge LoRA (if any) and save `out_dir/final` with the policy's PromptSpec."
     model = trainer.model
     if hasattr(model, "merge_and_unload"): model = model.merge_and_unload()
-    final = save_policy(model, policy.tokenizer, out_dir / "final", policy.prompt_spec,
+    final = save_policy(model, policy.processor or policy.tokenizer, out_dir / "final", policy.prompt_spec,
                         {"max_new_tokens": policy.max_new_tokens, "can_think": policy.can_think, **meta})
     return final
 
@@ -154,8 +165,8 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float = 5e
     cfg = grpo_config(out_dir, steps, lr, num_generations, groups_per_step, temperature,
                       int(max_new_tokens or policy.max_new_tokens), seed, save_steps, use_vllm)
     trainer = PixGRPOTrainer(model=policy.model, reward_funcs=reward_fn, args=cfg, train_dataset=rl_dataset(policy, rows),
-                             processing_class=policy.tokenizer, peft_config=lora_config(lora_rank),
-                             callbacks=list(callbacks))
+                             processing_class=policy.processor or policy.tokenizer,
+                             peft_config=lora_config(lora_rank), callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)  # metrics go to metrics.json, not stdout
     out = _train_resumable(trainer, policy, out_dir, {"stage": "grpo", "steps": steps})
     return {**out, "time_shares": time_shares(out["log_history"]), "n_rows": len(rows)}
@@ -170,7 +181,7 @@ def run_sft(model_dir: str, tasks: list, out_dir, *, epochs: float = 2.0, lr: fl
     cfg = SFTConfig(**args, num_train_epochs=epochs, per_device_train_batch_size=batch_size,
                     completion_only_loss=True, max_length=None, packing=False)
     trainer = SFTTrainer(model=policy.model, args=cfg, train_dataset=sft_dataset(policy, tasks),
-                         processing_class=policy.tokenizer, peft_config=lora_config(lora_rank))
+                         processing_class=policy.processor or policy.tokenizer, peft_config=lora_config(lora_rank))
     trainer.remove_callback(PrinterCallback)
     out = _train_resumable(trainer, policy, out_dir, {"stage": "sft", "epochs": epochs})
     return {**out, "n_rows": len(tasks)}

@@ -10,8 +10,9 @@ from .reward import rect_baseline, shaped_breakdown, extract_program
 from .tasks import Task, get_task, load_split
 
 # %% auto #0
-__all__ = ['WIN_IOU_N', 'WINNERS_KIND', 'attempt_record', 'verify', 'policy_prompt', 'sample_and_verify', 'train_tasks_only',
-           'harvest', 'select_winners', 'apply_winner_labels', 'save_winners', 'load_winners', 'load_winner_tasks']
+__all__ = ['WIN_IOU_N', 'WINNERS_KIND', 'attempt_record', 'verify', 'policy_prompt', 'task_prompts', 'sample_and_verify',
+           'train_tasks_only', 'harvest', 'select_winners', 'apply_winner_labels', 'save_winners', 'load_winners',
+           'load_winner_tasks']
 
 # %% ../nbs/10_harvest.ipynb #84fe9ff8
 WIN_IOU_N = 0.5  # the harvest gate: iou_n >= 0.5 (iou_n from pixrl.reward.shaped_breakdown)
@@ -54,12 +55,18 @@ def verify(tasks: list[Task], codes: list[list[str]], representation: str = "py"
     return out
 
 def policy_prompt(policy, text: str) -> str:
-    """What the policy is actually fed for a text prompt: chat models (`policy.chat`) get it as one user
-    turn through their chat template (as `pixrl.policy.Policy.prompt` does); text models get it as is."""
-    if getattr(policy, "chat", False):
-        return policy.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                    add_generation_prompt=True)
-    return text
+    """What the policy is actually fed for prompt text `text`: an in-process `Policy` wraps it with `Policy.feed`
+    (chat template, image slot — as `Policy.prompt` does); anything else (an endpoint) gets it as is."""
+    feed = getattr(policy, "feed", None)
+    return feed(text) if callable(feed) else text
+
+def task_prompts(policy, tasks: list[Task], spec) -> list[str]:
+    "The prompt texts of `tasks` under `spec`; an attached-image spec (`spec.vision`) needs a policy that takes images."
+    from pixrl.prompt import prompt_text
+    if spec.vision and not getattr(policy, "vision", False):
+        raise ValueError(f"prompt spec vision=True attaches the image, but policy {getattr(policy, 'name', policy)!r} "
+                         "takes no images; use a vision-language Policy, or a spec with vision=False (raster)")
+    return [prompt_text(t, spec) for t in tasks]
 
 def sample_and_verify(policy, tasks: list[Task], prompts: list[str], n: int, *, temperature: float = 1.0,
                       max_new_tokens: int | None = None, seed: int = 0, representation: str = "py") -> list[list[dict]]:
@@ -67,14 +74,17 @@ def sample_and_verify(policy, tasks: list[Task], prompts: list[str], n: int, *, 
 
     `policy` is anything with `generate(prompts, n, temperature=, max_new_tokens=, seed=) -> list[list[str]]`:
     an in-process `pixrl.policy.Policy` or an `pixrl.agent_loop.EndpointPolicy`. `prompts` are the
-    text prompts (`build_prompt`); `policy_prompt` wraps them for chat models. `max_new_tokens=None`
+    prompt texts (`pixrl.prompt.prompt_text`); `policy_prompt` wraps them for chat models, and a vision-language
+    policy (`policy.vision`) is also given each task's image (`policy.images(tasks)`). `max_new_tokens=None`
     = the policy's own default."""
     if len(prompts) != len(tasks):
         raise ValueError(f"sample_and_verify: {len(prompts)} prompts for {len(tasks)} tasks")
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     fed = [policy_prompt(policy, p) for p in prompts]
-    completions = policy.generate(fed, n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    images = policy.images(tasks) if getattr(policy, "vision", False) else None
+    completions = policy.generate(fed, n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                                  **({"images": images} if images is not None else {}))
     if len(completions) != len(prompts) or any(len(c) != n for c in completions):
         shape = [len(c) for c in completions] if isinstance(completions, list) else type(completions).__name__
         raise ValueError(f"policy.generate returned {shape} completions; expected {len(prompts)} lists of {n}")
@@ -103,10 +113,10 @@ def harvest(policy, tasks, *, n: int = 8, temperature: float = 1.0, max_new_toke
 
     Each candidate is an attempt dict plus `task_id, family, level, representation, sample`.
     `spec` defaults to the policy's own `prompt_spec` (the prompt it was trained on)."""
-    from pixrl.prompt import build_prompt, PromptSpec
+    from pixrl.prompt import PromptSpec
     tasks = train_tasks_only(tasks)
     spec = spec or getattr(policy, "prompt_spec", None) or PromptSpec(representation=representation)
-    prompts = [build_prompt(t, spec) for t in tasks]
+    prompts = task_prompts(policy, tasks, spec)
     scored = sample_and_verify(policy, tasks, prompts, n, temperature=temperature,
                                max_new_tokens=max_new_tokens, seed=seed, representation=representation)
     return [{"task_id": t.id, "family": t.family, "level": t.level, "representation": representation,

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 from .core import repo_root
-from .prompt import PromptSpec, build_prompt
+from .prompt import PromptSpec, prompt_text, prompt_image, feed_text
 
 hf_logging.disable_progress_bar()  # evidence notebooks carry no progress-bar output
 
@@ -71,20 +71,46 @@ class Policy:
 
     @property
     def chat(self) -> bool:
-        "True when prompts go through the tokenizer's chat template (instruct/VLM models)."
-        return bool(getattr(self.tokenizer, "chat_template", None))
+        "True when prompts go through a chat template (instruct models, VLMs)."
+        return bool(getattr(self.processor or self.tokenizer, "chat_template", None))
+
+    @property
+    def vision(self) -> bool:
+        "True for a vision-language policy fed the attached image (not the character raster)."
+        return self.processor is not None and self.prompt_spec.vision
+
+    def feed(self, text: str) -> str:
+        "The string the model is fed for prompt text `text` (`pixrl.prompt.feed_text`: chat template, image slot)."
+        return feed_text(text, self.processor or self.tokenizer, self.vision)
 
     def prompt(self, task) -> str:
         "The prompt string for `task` (identical for SFT, RL and probe)."
-        text = build_prompt(task, self.prompt_spec)
-        if not self.chat: return text
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                  add_generation_prompt=True)
+        return self.feed(prompt_text(task, self.prompt_spec))
+
+    def images(self, tasks) -> list | None:
+        "The image attached to each task's prompt for a VLM; None for a text policy."
+        return [prompt_image(t, self.prompt_spec) for t in tasks] if self.vision else None
+
+    def _encode(self, prompts: list[str], images: list | None):
+        "Tokenised (left-padded) prompts on the model's device; a VLM's processor adds the image tensors."
+        if not self.vision:
+            return self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.model.device)
+        enc = self.processor(text=prompts, images=[[im] for im in images], return_tensors="pt", padding=True)
+        enc = enc.to(self.model.device)
+        if "pixel_values" in enc and enc["pixel_values"].is_floating_point():
+            enc["pixel_values"] = enc["pixel_values"].to(self.model.dtype)   # bf16 towers on GPU
+        return enc
 
     def sample(self, prompts: list[str], n: int = 1, temperature: float = 1.0, max_new_tokens: int | None = None,
-               seed: int = 0, batch_size: int = 64) -> Samples:
-        "Sample `n` completions for every prompt (+ per-completion mean token entropy)."
+               seed: int = 0, batch_size: int = 64, images: list | None = None) -> Samples:
+        """Sample `n` completions for every prompt (+ per-completion mean token entropy). A VLM needs `images`:
+        one per prompt (`policy.images(tasks)`); a text policy takes none."""
         tok, model = self.tokenizer, self.model
+        if self.vision and (images is None or len(images) != len(prompts)):
+            raise ValueError(f"{self.name} is a vision-language policy: pass images=policy.images(tasks), one per prompt "
+                             f"(got {None if images is None else len(images)} for {len(prompts)} prompts)")
+        if images is not None and not self.vision:
+            raise ValueError(f"{self.name} is a text policy (prompt_spec.vision=False): it takes no images")
         max_new = int(max_new_tokens or self.max_new_tokens)
         tok.padding_side = "left"
         torch.manual_seed(seed)
@@ -94,7 +120,7 @@ class Policy:
         per_chunk = max(1, batch_size // n)
         for i in range(0, len(prompts), per_chunk):
             chunk = prompts[i:i + per_chunk]
-            enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+            enc = self._encode(chunk, None if images is None else images[i:i + per_chunk])
             with torch.no_grad():
                 out = model.generate(**enc, do_sample=not greedy, temperature=None if greedy else temperature,
                                      top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
@@ -105,9 +131,9 @@ class Policy:
             logp = torch.stack(out.scores, 1).float().log_softmax(-1)                # (P*n, T, V)
             h = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)                  # (P*n, T)
             is_eos = gen == tok.eos_token_id
-            first = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full((gen.shape[0],), gen.shape[1]))
-            mask = torch.arange(gen.shape[1])[None] <= first[:, None]               # (P*n, T) incl. eos
-            mask = mask & (torch.arange(gen.shape[1])[None] < gen.shape[1])
+            first = torch.where(is_eos.any(1), is_eos.float().argmax(1),
+                                torch.full((gen.shape[0],), gen.shape[1], device=gen.device))
+            mask = torch.arange(gen.shape[1], device=gen.device)[None] <= first[:, None]  # (P*n, T) incl. eos
             ent = (h * mask).sum(1) / mask.sum(1).clamp(min=1)
             dec = tok.batch_decode(gen, skip_special_tokens=True)
             for p in range(len(chunk)):
@@ -117,9 +143,9 @@ class Policy:
         return Samples(texts, ents, lens)
 
     def generate(self, prompts: list[str], n: int = 1, temperature: float = 1.0, max_new_tokens: int | None = None,
-                 seed: int = 0) -> list[list[str]]:
-        "`n` completions per prompt (list of lists of str)."
-        return self.sample(prompts, n, temperature, max_new_tokens, seed).texts
+                 seed: int = 0, images: list | None = None) -> list[list[str]]:
+        "`n` completions per prompt (list of lists of str); `images` as in `sample`."
+        return self.sample(prompts, n, temperature, max_new_tokens, seed, images=images).texts
 
 # %% ../nbs/06_policy.ipynb #f650a2e9
 def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None) -> Policy:
@@ -141,15 +167,19 @@ def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None) -
         tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
         net = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
         spec = PromptSpec(**meta["prompt_spec"]) if "prompt_spec" in meta else PromptSpec()
+    if spec.vision and processor is None:
+        raise ValueError(f"{model}: prompt_spec.vision=True (attach the image) but the model has no vision_config; "
+                         "a text model takes the raster prompt (vision=False)")
     if tok.pad_token is None: tok.pad_token = tok.eos_token
-    tmpl = str(getattr(tok, "chat_template", "") or "")
+    tmpl = str(getattr(processor or tok, "chat_template", "") or "")
     can_think = bool(meta.get("can_think", "<think>" in tmpl or "enable_thinking" in tmpl))
     net.to(device).eval()
     return Policy(net, tok, spec, name=str(model), max_new_tokens=int(meta.get("max_new_tokens", 512)),
                   can_think=can_think, processor=processor)
 
 def save_policy(policy_or_model, tokenizer, out_dir, prompt_spec: PromptSpec, meta: dict | None = None) -> Path:
-    "Save a (merged) model + tokenizer + `pixrl.json` so that `load_policy(out_dir)` restores the same prompt."
+    """Save a (merged) model + its tokenizer (a VLM: its processor) + `pixrl.json` so that `load_policy(out_dir)`
+    restores the same prompt."""
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     policy_or_model.save_pretrained(out, safe_serialization=True); tokenizer.save_pretrained(out)
     (out / PIXRL_META).write_text(json.dumps({"prompt_spec": dataclasses.asdict(prompt_spec), **(meta or {})}, indent=1))

@@ -416,12 +416,9 @@ def uses_chat_template(tokenizer) -> bool:
 
 
 def policy_prompt_text(task, tokenizer, spec) -> str:
-    """The text a policy is fed for `task`: `build_prompt(task, spec)`, wrapped in the tokenizer's chat
-    template (user turn + generation prompt) when it has one — the same rule as `Policy.prompt`."""
-    text = _prompt.build_prompt(task, replace(spec, vision=False))
-    if not uses_chat_template(tokenizer):
-        return text
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    """The text a policy is fed for `task`: `prompt_text(task, spec)` through `pixrl.prompt.feed_text` (the
+    tokenizer's or processor's chat template when it has one, the image slot for a VLM) — the rule of `Policy.prompt`."""
+    return _prompt.feed_text(_prompt.prompt_text(task, spec), tokenizer, spec.vision)
 
 
 def check_tokens(tasks_by_split: dict, tokenizer=None, prompt_spec=None, max_prompt_tokens=None,

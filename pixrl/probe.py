@@ -50,7 +50,8 @@ def run_probe(policy, tasks: list | None = None, k: int = 4, temperature: float 
     "Probe `policy` on `tasks` (default: the fixed 80) — returns {per_level, overall, samples, config}."
     tasks = probe_tasks() if tasks is None else list(tasks)
     prompts = [policy.prompt(t) for t in tasks]
-    smp = policy.sample(prompts, n=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    smp = policy.sample(prompts, n=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                        images=policy.images(tasks))   # None for a text policy
     pairs = [(t, extract_program(c)) for t, cs in zip(tasks, smp.texts) for c in cs]
     results = evaluate_many(pairs, workers=workers)
     records = []

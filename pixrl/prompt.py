@@ -11,8 +11,8 @@ from .geometry import API_REGISTRY, MATH_NAMES, SAFE_BUILTINS, allowed_names
 
 # %% auto #0
 __all__ = ['ANISOTROPY_THRESHOLD', 'REPRESENTATIONS', 'RASTER_RULES', 'SVG_DOC', 'ANSWER_FORMAT', 'PromptSpec', 'api_doc',
-           'documented_names', 'render_scale', 'anisotropy', 'raster', 'build_prompt', 'model_image_pil',
-           'build_messages']
+           'documented_names', 'render_scale', 'anisotropy', 'raster', 'prompt_text', 'build_prompt', 'model_image_pil',
+           'prompt_image', 'user_turn', 'build_messages', 'feed_text']
 
 # %% ../nbs/02_prompt.ipynb #bb541baa
 ANISOTROPY_THRESHOLD = 1.6
@@ -147,11 +147,17 @@ def _body(task, spec: PromptSpec) -> list[str]:
     return lines
 
 
+def prompt_text(task, spec: PromptSpec = PromptSpec()) -> str:
+    """The prompt's text. Text policy: the whole prompt, raster included. VLM (`spec.vision`): the same
+    text with the raster replaced by one "Image (attached)" line; the image travels beside it."""
+    return "\n".join(_body(task, spec)) + "\n"
+
+
 def build_prompt(task, spec: PromptSpec = PromptSpec()) -> str:
     "The text prompt for a text policy (`spec.vision` must be False)."
     if spec.vision:
         raise ValueError("build_prompt: spec.vision=True needs an attached image; use build_messages(task, spec)")
-    return "\n".join(_body(task, spec)) + "\n"
+    return prompt_text(task, spec)
 
 
 def model_image_pil(task, size: int = 256):
@@ -162,11 +168,34 @@ def model_image_pil(task, size: int = 256):
     return Image.fromarray(np.kron(img, np.ones((k, k), np.uint8)), mode="L")
 
 
-def build_messages(task, spec: PromptSpec = PromptSpec()) -> list[dict]:
-    """Chat form: one user message. With `spec.vision` the content is `[{"type": "image", "image":
-    PIL}, {"type": "text", "text": ...}]` (the processor's chat template places the image)."""
-    text = "\n".join(_body(task, spec)) + "\n"
-    if not spec.vision:
+def prompt_image(task, spec: PromptSpec = PromptSpec()):
+    "The image attached to a VLM's prompt (`spec.vision`), else None."
+    return model_image_pil(task, spec.image_size) if spec.vision else None
+
+
+def user_turn(text: str, image=None) -> list[dict]:
+    """One user message. With `image` (a PIL image, or True for a bare placeholder) the content is
+    `[{"type": "image", ...}, {"type": "text", "text": text}]`: image first, where TRL's
+    `prepare_multimodal_messages` puts a dataset's `image` column, so RL sees what SFT and the probe see."""
+    if image is None:
         return [{"role": "user", "content": text}]
-    return [{"role": "user", "content": [{"type": "image", "image": model_image_pil(task, spec.image_size)},
-                                         {"type": "text", "text": text}]}]
+    part = {"type": "image"} if image is True else {"type": "image", "image": image}
+    return [{"role": "user", "content": [part, {"type": "text", "text": text}]}]
+
+
+def build_messages(task, spec: PromptSpec = PromptSpec()) -> list[dict]:
+    "Chat form of the prompt: one user turn, with the image attached when `spec.vision`."
+    return user_turn(prompt_text(task, spec), prompt_image(task, spec))
+
+
+def feed_text(text: str, template_owner=None, vision: bool = False) -> str:
+    """The string a policy is fed for prompt text `text`. Without a chat template on `template_owner` (a tokenizer
+    or processor): `text` as is. With one: the template over one user turn (+ an image placeholder when
+    `vision`) and the generation prompt. One rule for `Policy`, harvest, the agent loop and preflight."""
+    if not getattr(template_owner, "chat_template", None):
+        if vision:
+            raise ValueError("a vision-language prompt needs a processor with a chat template to place the image; "
+                             f"got {type(template_owner).__name__} without one")
+        return text
+    return template_owner.apply_chat_template(user_turn(text, True if vision else None), tokenize=False,
+                                              add_generation_prompt=True)

@@ -14,9 +14,10 @@ from .prompt import PromptSpec, build_prompt
 from .geometry import render
 
 # %% auto #0
-__all__ = ['EOS', 'TINY_PROMPT_SPEC', 'MODEL_IMAGE_SHAPE', 'Q_UM', 'PHASES', 'tiny_dir', 'char_tokenizer', 'tiny_config',
-           'new_tiny_model', 'SceneTask', 'random_scene', 'scene_stream', 'encode_example', 'collate', 'pretrain',
-           'save_tiny', 'build_tiny']
+__all__ = ['EOS', 'TINY_PROMPT_SPEC', 'MODEL_IMAGE_SHAPE', 'Q_UM', 'PHASES', 'VLM_IMAGE_TOKEN', 'VLM_CHAT_TEMPLATE',
+           'TINY_VLM_PROMPT_SPEC', 'tiny_dir', 'char_tokenizer', 'tiny_config', 'new_tiny_model', 'SceneTask',
+           'random_scene', 'scene_stream', 'encode_example', 'collate', 'pretrain', 'save_tiny', 'build_tiny',
+           'build_tiny_vlm']
 
 # %% ../nbs/base_model.ipynb #c7ae02c7
 EOS = "<|endoftext|>"
@@ -207,3 +208,46 @@ def build_tiny(out_dir, phases=PHASES, batch_size: int = 16, seed: int = 0, init
                          "final_loss": log[-1]["loss"] if log else None}}
     save_tiny(model, tok, out_dir, meta)
     return {"params": sum(p.numel() for p in model.parameters()), "log": log, "seconds": t.seconds}
+
+# %% ../nbs/base_model.ipynb #5e133ea1
+VLM_IMAGE_TOKEN = "<image>"
+VLM_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<image>\n{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TINY_VLM_PROMPT_SPEC = PromptSpec(representation="py", api_doc=False, vision=True, image_size=64)
+
+def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, patch: int = 8,
+                   spec: PromptSpec = TINY_VLM_PROMPT_SPEC, max_new_tokens: int = 96) -> Path:
+    """Save an untrained from-config LLaVA VLM (CLIP tower + projector + Qwen2 text model, pixrl's character
+    tokenizer + chat tokens) with its processor and `pixrl.json` to `out_dir`; deterministic from `seed`."""
+    from transformers import (LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor, CLIPVisionConfig,
+                              CLIPImageProcessorPil)
+    if not spec.vision: raise ValueError(f"build_tiny_vlm: spec.vision must be True, got {spec!r}")
+    S = spec.image_size
+    if S % patch: raise ValueError(f"build_tiny_vlm: image_size {S} is not a multiple of patch {patch}")
+    tok = char_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", VLM_IMAGE_TOKEN]})
+    tok.eos_token = "<|im_end|>"                       # an assistant turn ends the completion; pad stays <|endoftext|>
+    tok.chat_template = VLM_CHAT_TEMPLATE
+    image_proc = CLIPImageProcessorPil(size={"shortest_edge": S}, crop_size={"height": S, "width": S})
+    processor = LlavaProcessor(image_processor=image_proc, tokenizer=tok, chat_template=VLM_CHAT_TEMPLATE,
+                               patch_size=patch, vision_feature_select_strategy="default", image_token=VLM_IMAGE_TOKEN,
+                               num_additional_image_tokens=1)   # the CLS token the "default" strategy drops
+    eos, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id
+    text = tiny_config(vocab_size=len(tok), hidden=hidden, layers=layers, intermediate=2 * hidden, max_positions=2048)
+    text.eos_token_id, text.bos_token_id, text.pad_token_id = eos, eos, pad
+    vision = CLIPVisionConfig(hidden_size=hidden // 2, intermediate_size=hidden, num_hidden_layers=layers,
+                              num_attention_heads=2, image_size=S, patch_size=patch, projection_dim=hidden // 2)
+    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_id=tok.convert_tokens_to_ids(VLM_IMAGE_TOKEN),
+                      vision_feature_select_strategy="default", vision_feature_layer=-1,
+                      image_seq_length=(S // patch) ** 2, tie_word_embeddings=True)
+    set_seed(seed)
+    model = LlavaForConditionalGeneration(cfg)
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
+    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True); processor.save_pretrained(out)
+    (out / PIXRL_META).write_text(json.dumps({"prompt_spec": dataclasses.asdict(spec), "max_new_tokens": max_new_tokens,
+                                              "note": "pixrl tiny VLM: from config, untrained", "seed": seed}, indent=1))
+    return out
