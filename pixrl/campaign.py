@@ -7,10 +7,10 @@ from pathlib import Path
 from .core import cache_dir, repo_root, set_seed
 
 # %% auto #0
-__all__ = ['ARMS', 'LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_STEPS', 'EXEC_SLACK', 'Stage', 'RunPlan',
-           'build_plan', 'gate_absolute', 'gate_relative', 'CampaignConfig', 'validate', 'load_state', 'save_state',
-           'ckpt_dir', 'init_state', 'stage_input', 'CanaryCallback', 'run_stage', 'run_campaign', 'probe_points',
-           'cli_main']
+__all__ = ['ARMS', 'LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_STEPS', 'THINKING_ARMS',
+           'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'Stage', 'RunPlan', 'build_plan', 'operating_point', 'gate_absolute',
+           'gate_relative', 'CampaignConfig', 'validate', 'load_state', 'save_state', 'ckpt_dir', 'init_state',
+           'stage_input', 'CanaryCallback', 'run_stage', 'run_campaign', 'probe_points', 'cli_main']
 
 # %% ../nbs/09_campaign.ipynb #7840ec06
 ARMS = ("A", "B", "C", "D", "E", "F", "G", "I")
@@ -92,7 +92,19 @@ def build_plan(arm: str, steps_per_level: int = 20, replay_share: float | None =
     desc = {"A": "L0-SFT -> RL L0..L4", "B": "base RL L0 -> L4", "C": "B at the thinking operating point",
             "D": "A at the thinking operating point", "E": "A-fork -> L1-SFT gated -> RL", "F": "A-fork -> 50% backward replay",
             "G": "full ladder (SFT gated -> RL per level)", "I": "RL-only L4, standard replay, canary every 5 steps"}[arm]
-    return RunPlan(arm, tuple(stages), needs_thinking=arm in ("C", "D"), fork_through=fork_through, description=desc)
+    return RunPlan(arm, tuple(stages), needs_thinking=arm in THINKING_ARMS, fork_through=fork_through, description=desc)
+
+
+THINKING_ARMS = ("C", "D")
+THINK_MAX_NEW_TOKENS = 2048   # the long budget of the thinking operating point (when max_new_tokens is not given)
+
+def operating_point(config: dict) -> dict:
+    """Sampling operating point of a campaign (probe, SFT prompts, GRPO rollouts). Arms C/D: thinking on
+    (`enable_thinking=True`) with a long budget (`max_new_tokens`, else THINK_MAX_NEW_TOKENS). Every other arm:
+    thinking off — a reasoning model's no-think mode; a model without one is unaffected — and `max_new_tokens`,
+    else the model's own budget (None)."""
+    thinking = str(config["arm"]).upper() in THINKING_ARMS
+    return {"thinking": thinking, "max_new_tokens": config.get("max_new_tokens") or (THINK_MAX_NEW_TOKENS if thinking else None)}
 
 # %% ../nbs/09_campaign.ipynb #2abbeb72
 EXEC_SLACK = 0.05
@@ -262,10 +274,10 @@ def _tasks(level: int, split: str = "train") -> list:
 def _probe(state: dict, model_dir: str, tag) -> str:
     from pixrl.policy import load_policy
     from pixrl.probe import probe_tasks, run_probe, save_probe
-    c = state["config"]
-    pol = load_policy(model_dir)
+    c = state["config"]; op = operating_point(c)
+    pol = load_policy(model_dir, thinking=op["thinking"])
     res = run_probe(pol, probe_tasks(c["probe_per_level"]), k=c["probe_k"], seed=c["seed"],
-                    max_new_tokens=c["max_new_tokens"])
+                    max_new_tokens=op["max_new_tokens"])
     res["model_dir"] = model_dir
     name = f"probe_{tag}.json"
     save_probe(res, Path(state["run_dir"]) / name)
@@ -284,7 +296,7 @@ class CanaryCallback:
                 c = self.state["config"]
                 tasks = [t for t in probe_tasks(c["probe_per_level"]) if t.level == 4]
                 pol = dataclasses.replace(self.pol, model=model)
-                r = run_probe(pol, tasks, k=2, seed=c["seed"], max_new_tokens=c["max_new_tokens"])
+                r = run_probe(pol, tasks, k=2, seed=c["seed"], max_new_tokens=operating_point(c)["max_new_tokens"])
                 model.train()
                 row = {"step": tstate.global_step, **{k: r["overall"][k] for k in ("exec_rate", "iou", "reward")}}
                 with open(Path(self.state["run_dir"]) / "canary.jsonl", "a") as f: f.write(json.dumps(row) + "\n")
@@ -293,7 +305,7 @@ class CanaryCallback:
 def run_stage(run_dir, k) -> dict:
     "Execute stage k (or the base probe for k='base') of the campaign in `run_dir`; writes stage_<k>.json."
     run_dir = Path(run_dir); state = load_state(run_dir); state["run_dir"] = str(run_dir)
-    c = state["config"]; set_seed(c["seed"])
+    c = state["config"]; set_seed(c["seed"]); op = operating_point(c)
     if k == "base" or not (state["base_probe"] or (run_dir / "stage_base.json").exists()):
         # the campaign-start probe runs in the first stage's process (one interpreter start less)
         (run_dir / "stage_base.json").write_text(json.dumps({"probe": _probe(state, state["model_path"], "base")}))
@@ -303,21 +315,23 @@ def run_stage(run_dir, k) -> dict:
     from pixrl.grpo import run_grpo, run_sft
     if s["kind"] == "sft":
         res = run_sft(inp, _tasks(s["level"]), d, epochs=s["epochs"], lr=c["sft_lr"], lora_rank=c["lora_rank"],
-                      seed=c["seed"], save_steps=c["save_steps"], max_steps=SMOKE_STEPS if c["smoke"] else -1)
+                      seed=c["seed"], save_steps=c["save_steps"], max_steps=SMOKE_STEPS if c["smoke"] else -1,
+                      thinking=op["thinking"])
     else:
         replay = [t for L in range(s["level"]) for t in _tasks(L)] if s["replay_share"] else []
         cbs = []
         if s.get("canary_every"):
             from pixrl.policy import load_policy
-            cbs = [CanaryCallback(state, s["canary_every"], load_policy(inp))]
+            cbs = [CanaryCallback(state, s["canary_every"], load_policy(inp, thinking=op["thinking"]))]
         res = run_grpo(inp, _tasks(s["level"]), d, steps=s["steps"], lr=c["lr"], lora_rank=c["lora_rank"],
                        num_generations=c["rollouts"], groups_per_step=c["groups_per_step"],
-                       temperature=c["temperature"], max_new_tokens=c["max_new_tokens"], seed=c["seed"],
-                       save_steps=c["save_steps"], replay_tasks=replay, replay_share=s["replay_share"], callbacks=cbs)
+                       temperature=c["temperature"], max_new_tokens=op["max_new_tokens"], seed=c["seed"],
+                       save_steps=c["save_steps"], replay_tasks=replay, replay_share=s["replay_share"], callbacks=cbs,
+                       thinking=op["thinking"])
     (run_dir / f"metrics_{k}.json").write_text(json.dumps(res["log_history"], indent=0))
     name = _probe(state, res["final_dir"], k)
     out = {"probe": name, **{x: res[x] for x in ("final_dir", "global_step", "resumed_from_step", "seconds", "n_rows")},
-           "time_shares": res.get("time_shares")}
+           "time_shares": res.get("time_shares"), "operating_point": op}
     (run_dir / f"stage_{k}.json").write_text(json.dumps(out, indent=1))
     return out
 

@@ -48,8 +48,10 @@ def sft_dataset(policy: Policy, tasks: list) -> Dataset:
     same conversational prompt + `image`, the program as the assistant turn)."""
     answers = [format_answer(t.program) for t in tasks]
     if policy.vision:
-        return Dataset.from_dict({**_vision_prompts(policy, tasks),
-                                  "completion": [[{"role": "assistant", "content": a}] for a in answers]})
+        rows = {**_vision_prompts(policy, tasks), "completion": [[{"role": "assistant", "content": a}] for a in answers]}
+        if policy.thinking is not None:   # TRL's collator templates VLM rows itself: pass the operating point per row
+            rows["chat_template_kwargs"] = [{"enable_thinking": bool(policy.thinking)}] * len(tasks)
+        return Dataset.from_dict(rows)
     return Dataset.from_dict({"prompt": [policy.prompt(t) for t in tasks], "completion": answers})
 
 # %% ../nbs/07_grpo.ipynb #014c6b9d
@@ -119,7 +121,7 @@ def _common_args(out_dir, steps, lr, seed, save_steps) -> dict:
 
 def grpo_config(out_dir, steps: int, lr: float = 5e-4, num_generations: int = 8, groups_per_step: int = 2,
                 temperature: float = 1.0, max_new_tokens: int = 160, seed: int = 0, save_steps: int = 5,
-                use_vllm: bool | None = None) -> GRPOConfig:
+                use_vllm: bool | None = None, thinking: bool | None = None) -> GRPOConfig:
     "GRPOConfig for one pix RL stage (batch = `groups_per_step` × G completions, one optimizer step per batch)."
     if num_generations < 2: raise ValueError(f"num_generations must be >= 2 (GRPO needs a group), got {num_generations!r}")
     vllm = resolve_use_vllm(use_vllm)
@@ -128,7 +130,8 @@ def grpo_config(out_dir, steps: int, lr: float = 5e-4, num_generations: int = 8,
                       per_device_train_batch_size=num_generations * groups_per_step, gradient_accumulation_steps=1,
                       num_generations=num_generations, max_completion_length=max_new_tokens, temperature=temperature,
                       top_k=0, top_p=1.0, beta=0.0, use_vllm=vllm, log_completions=False,
-                      mask_truncated_completions=False, **extra)
+                      mask_truncated_completions=False,
+                      chat_template_kwargs=None if thinking is None else {"enable_thinking": bool(thinking)}, **extra)
 
 # %% ../nbs/07_grpo.ipynb #02122d30
 def _train_resumable(trainer, policy, out_dir: Path, meta: dict) -> dict:
@@ -155,15 +158,16 @@ def _finish(trainer, policy: Policy, out_dir: Path, meta: dict) -> Path:
 def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float = 5e-4, lora_rank: int = 16,
              num_generations: int = 8, groups_per_step: int = 2, temperature: float = 1.0,
              max_new_tokens: int | None = None, seed: int = 0, save_steps: int = 5, replay_tasks: list = (),
-             replay_share: float = 0.0, use_vllm: bool | None = None, callbacks: list = ()) -> dict:
+             replay_share: float = 0.0, use_vllm: bool | None = None, callbacks: list = (),
+             thinking: bool | None = None) -> dict:
     """One GRPO stage from `model_dir` on `tasks` (+ replay); resumes from the last checkpoint in `out_dir`.
     Returns {final_dir, global_step, resumed_from_step, log_history, time_shares, seconds}."""
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    policy = load_policy(model_dir)
+    policy = load_policy(model_dir, thinking=thinking)
     rows = replay_mix(tasks, list(replay_tasks), replay_share, seed)
     reward_fn = make_reward_fn({t.id: t for t in rows})
     cfg = grpo_config(out_dir, steps, lr, num_generations, groups_per_step, temperature,
-                      int(max_new_tokens or policy.max_new_tokens), seed, save_steps, use_vllm)
+                      int(max_new_tokens or policy.max_new_tokens), seed, save_steps, use_vllm, thinking)
     trainer = PixGRPOTrainer(model=policy.model, reward_funcs=reward_fn, args=cfg, train_dataset=rl_dataset(policy, rows),
                              processing_class=policy.processor or policy.tokenizer,
                              peft_config=lora_config(lora_rank), callbacks=list(callbacks))
@@ -173,10 +177,11 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float = 5e
 
 # %% ../nbs/07_grpo.ipynb #a27a1169
 def run_sft(model_dir: str, tasks: list, out_dir, *, epochs: float = 2.0, lr: float = 5e-4, lora_rank: int = 16,
-            batch_size: int = 16, seed: int = 0, save_steps: int = 20, max_steps: int = -1) -> dict:
+            batch_size: int = 16, seed: int = 0, save_steps: int = 20, max_steps: int = -1,
+            thinking: bool | None = None) -> dict:
     "One SFT stage on `tasks`' ground-truth programs; resumable like `run_grpo`."
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    policy = load_policy(model_dir)
+    policy = load_policy(model_dir, thinking=thinking)
     args = _common_args(out_dir, max_steps, lr, seed, save_steps)
     cfg = SFTConfig(**args, num_train_epochs=epochs, per_device_train_batch_size=batch_size,
                     completion_only_loss=True, max_length=None, packing=False)

@@ -68,6 +68,7 @@ class Policy:
     max_new_tokens: int = 256
     can_think: bool = False
     processor: object = None
+    thinking: bool | None = None   # operating point: enable_thinking in the chat template (None: the template's default)
 
     @property
     def chat(self) -> bool:
@@ -81,7 +82,7 @@ class Policy:
 
     def feed(self, text: str) -> str:
         "The string the model is fed for prompt text `text` (`pixrl.prompt.feed_text`: chat template, image slot)."
-        return feed_text(text, self.processor or self.tokenizer, self.vision)
+        return feed_text(text, self.processor or self.tokenizer, self.vision, self.thinking)
 
     def prompt(self, task) -> str:
         "The prompt string for `task` (identical for SFT, RL and probe)."
@@ -148,8 +149,9 @@ class Policy:
         return self.sample(prompts, n, temperature, max_new_tokens, seed, images=images).texts
 
 # %% ../nbs/06_policy.ipynb #f650a2e9
-def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None) -> Policy:
-    "Load pixrl-tiny, a local model directory or an HF id as a `Policy` (see the module docs)."
+def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None, thinking: bool | None = None) -> Policy:
+    """Load pixrl-tiny, a local model directory or an HF id as a `Policy` (see the module docs). `thinking`: the
+    operating point of a reasoning model (True/False → `enable_thinking`; None → its template's default)."""
     path = resolve_model(model)
     local_only = os.environ.get("PIXRL_ALLOW_DOWNLOAD") != "1"
     meta = model_meta(path)
@@ -173,9 +175,12 @@ def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None) -
     if tok.pad_token is None: tok.pad_token = tok.eos_token
     tmpl = str(getattr(processor or tok, "chat_template", "") or "")
     can_think = bool(meta.get("can_think", "<think>" in tmpl or "enable_thinking" in tmpl))
+    if thinking and not can_think:
+        raise ValueError(f"{model}: thinking=True, but the model cannot think (its chat template has no <think> / "
+                         "enable_thinking); use thinking=False or None")
     net.to(device).eval()
     return Policy(net, tok, spec, name=str(model), max_new_tokens=int(meta.get("max_new_tokens", 512)),
-                  can_think=can_think, processor=processor)
+                  can_think=can_think, processor=processor, thinking=thinking)
 
 def save_policy(policy_or_model, tokenizer, out_dir, prompt_spec: PromptSpec, meta: dict | None = None) -> Path:
     """Save a (merged) model + its tokenizer (a VLM: its processor) + `pixrl.json` so that `load_policy(out_dir)`

@@ -188,14 +188,18 @@ def build_messages(task, spec: PromptSpec = PromptSpec()) -> list[dict]:
     return user_turn(prompt_text(task, spec), prompt_image(task, spec))
 
 
-def feed_text(text: str, template_owner=None, vision: bool = False) -> str:
+def feed_text(text: str, template_owner=None, vision: bool = False, thinking: bool | None = None) -> str:
     """The string a policy is fed for prompt text `text`. Without a chat template on `template_owner` (a tokenizer
     or processor): `text` as is. With one: the template over one user turn (+ an image placeholder when
-    `vision`) and the generation prompt. One rule for `Policy`, harvest, the agent loop and preflight."""
+    `vision`) and the generation prompt; `thinking` True/False is passed as `enable_thinking` (the operating
+    point of a reasoning model), None keeps the template's default. One rule for `Policy`, harvest, the agent
+    loop and preflight."""
     if not getattr(template_owner, "chat_template", None):
-        if vision:
-            raise ValueError("a vision-language prompt needs a processor with a chat template to place the image; "
-                             f"got {type(template_owner).__name__} without one")
+        if vision or thinking:
+            what = "place the image" if vision else "switch thinking on"
+            raise ValueError(f"feed_text: vision={vision}, thinking={thinking} needs a chat template to {what}; "
+                             f"{type(template_owner).__name__} has none")
         return text
+    kw = {} if thinking is None else {"enable_thinking": bool(thinking)}
     return template_owner.apply_chat_template(user_turn(text, True if vision else None), tokenize=False,
-                                              add_generation_prompt=True)
+                                              add_generation_prompt=True, **kw)

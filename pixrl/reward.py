@@ -10,9 +10,9 @@ from . import evaluator
 from .evaluator import EvalResult, Status, evaluate_many, REPRESENTATIONS
 
 # %% auto #0
-__all__ = ['SHAPED_V3B', 'REWARD_POLICIES', 'RectBaseline', 'ink_bbox', 'rect_mask', 'rect_baseline_program', 'rect_baseline',
-           'shaped_breakdown', 'shaped_v3b', 'raw_iou', 'completion_text', 'extract_program', 'make_reward_fn',
-           'batch_metrics']
+__all__ = ['SHAPED_V3B', 'REWARD_POLICIES', 'THINK_OPEN', 'THINK_CLOSE', 'RectBaseline', 'ink_bbox', 'rect_mask',
+           'rect_baseline_program', 'rect_baseline', 'shaped_breakdown', 'shaped_v3b', 'raw_iou', 'completion_text',
+           'answer_text', 'extract_program', 'make_reward_fn', 'batch_metrics']
 
 # %% ../nbs/04_reward.ipynb #fefeeb5a
 SHAPED_V3B = {
@@ -126,10 +126,18 @@ def completion_text(completion) -> str:
         return "\n".join(parts)
     return ""
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+def answer_text(text: str) -> str:
+    """The answer part of a completion: what follows the last `</think>` (a reasoning model's thought is not the
+    answer); a `<think>` that never closes — a thought cut off by the token budget — leaves no answer ("")."""
+    if THINK_CLOSE in text: return text.rsplit(THINK_CLOSE, 1)[1]
+    return "" if THINK_OPEN in text else text
+
 def extract_program(completion) -> str:
-    """The program in a completion: the body of the first fenced code block (an unclosed fence
-    runs to the end, as in a truncated completion), else the whole text, stripped."""
-    text = completion_text(completion)
+    """The program in a completion's answer (`answer_text`): the body of the first fenced code block (an unclosed
+    fence runs to the end, as in a truncated completion), else the whole text, stripped."""
+    text = answer_text(completion_text(completion))
     m = _FENCE.search(text)
     body = textwrap.dedent(m.group(2) if m else text).strip("\n").rstrip()
     return body + "\n" if body.strip() else ""
