@@ -8,17 +8,18 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoTokenizer, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
-from .core import repo_root
+from .core import repo_root, cache_dir
 from .prompt import PromptSpec, prompt_text, prompt_image, feed_text
 
 hf_logging.disable_progress_bar()  # evidence notebooks carry no progress-bar output
 
 # %% auto #0
-__all__ = ['TINY_NAME', 'PIXRL_META', 'format_answer', 'resolve_model', 'model_meta', 'Samples', 'Policy', 'load_policy',
-           'save_policy']
+__all__ = ['TINY_NAME', 'TINY_VL_NAME', 'PIXRL_META', 'format_answer', 'resolve_model', 'model_meta', 'Samples', 'Policy',
+           'load_policy', 'save_policy']
 
 # %% ../nbs/06_policy.ipynb #363b23fc
 TINY_NAME = "pixrl-tiny"
+TINY_VL_NAME = "pixrl-tiny-vl"   # the untrained from-config VLM that exercises the vision path
 PIXRL_META = "pixrl.json"
 
 def format_answer(program: str, representation: str = "py") -> str:
@@ -27,8 +28,17 @@ def format_answer(program: str, representation: str = "py") -> str:
     return "```python\n" + program.rstrip("\n") + "\n```"
 
 def resolve_model(model: str | os.PathLike) -> str:
-    "`pixrl-tiny` → the committed directory; an existing path → itself; `owner/name` → HF id; else ValueError."
+    """`pixrl-tiny` → the committed directory; `pixrl-tiny-vl` → the from-config tiny VLM (`pixrl.tiny.build_tiny_vlm`,
+    built into the cache on first use, seed 0); an existing path → itself; `owner/name` → HF id; else ValueError."""
     m = str(model)
+    if m == TINY_VL_NAME:
+        p = cache_dir("models") / TINY_VL_NAME
+        if not (p / "config.json").exists():
+            import shutil
+            from pixrl.tiny import build_tiny_vlm
+            tmp = build_tiny_vlm(p.with_name(f"{p.name}.tmp{os.getpid()}"), seed=0)   # whole or absent, never half
+            shutil.rmtree(p, ignore_errors=True); os.replace(tmp, p)
+        return str(p)
     if m == TINY_NAME:
         p = repo_root() / "data" / "models" / TINY_NAME
         if not (p / "config.json").exists():

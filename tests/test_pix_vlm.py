@@ -115,3 +115,14 @@ def test_vlm_campaign_sft_and_grpo_end_to_end(vlm_dir, tmp_path):
     assert final.vision and final.prompt_spec == TINY_VLM_PROMPT_SPEC
     hist = json.loads((run / "metrics_1.json").read_text())
     assert any("reward" in h for h in hist)
+
+
+def test_pixrl_tiny_vl_name_builds_into_the_cache(tmp_path, monkeypatch):
+    from pixrl.policy import resolve_model
+    monkeypatch.setenv("PIXRL_CACHE", str(tmp_path))
+    p = Path(resolve_model("pixrl-tiny-vl"))
+    assert p == tmp_path / "models" / "pixrl-tiny-vl" and (p / "config.json").exists()
+    assert not list(p.parent.glob("*.tmp*"))               # built aside, then moved in whole
+    pol = load_policy("pixrl-tiny-vl")
+    assert pol.vision and pol.prompt_spec == TINY_VLM_PROMPT_SPEC
+    assert resolve_model("pixrl-tiny-vl") == str(p)        # second use: the cached copy
