@@ -13,7 +13,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 from peft import LoraConfig
 from .policy import load_policy, save_policy, Policy, format_answer
-from .prompt import prompt_text, user_turn
+from .prompt import prompt_text, user_turn, thinking_kwargs
 from .reward import make_reward_fn
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -49,8 +49,8 @@ def sft_dataset(policy: Policy, tasks: list) -> Dataset:
     answers = [format_answer(t.program) for t in tasks]
     if policy.vision:
         rows = {**_vision_prompts(policy, tasks), "completion": [[{"role": "assistant", "content": a}] for a in answers]}
-        if policy.thinking is not None:   # TRL's collator templates VLM rows itself: pass the operating point per row
-            rows["chat_template_kwargs"] = [{"enable_thinking": bool(policy.thinking)}] * len(tasks)
+        kw = thinking_kwargs(policy.processor, policy.thinking)
+        if kw: rows["chat_template_kwargs"] = [kw] * len(tasks)   # TRL's collator templates VLM rows: the operating point per row
         return Dataset.from_dict(rows)
     return Dataset.from_dict({"prompt": [policy.prompt(t) for t in tasks], "completion": answers})
 
@@ -121,7 +121,7 @@ def _common_args(out_dir, steps, lr, seed, save_steps) -> dict:
 
 def grpo_config(out_dir, steps: int, lr: float = 5e-4, num_generations: int = 8, groups_per_step: int = 2,
                 temperature: float = 1.0, max_new_tokens: int = 160, seed: int = 0, save_steps: int = 5,
-                use_vllm: bool | None = None, thinking: bool | None = None) -> GRPOConfig:
+                use_vllm: bool | None = None, chat_template_kwargs: dict | None = None) -> GRPOConfig:
     "GRPOConfig for one pix RL stage (batch = `groups_per_step` × G completions, one optimizer step per batch)."
     if num_generations < 2: raise ValueError(f"num_generations must be >= 2 (GRPO needs a group), got {num_generations!r}")
     vllm = resolve_use_vllm(use_vllm)
@@ -131,7 +131,7 @@ def grpo_config(out_dir, steps: int, lr: float = 5e-4, num_generations: int = 8,
                       num_generations=num_generations, max_completion_length=max_new_tokens, temperature=temperature,
                       top_k=0, top_p=1.0, beta=0.0, use_vllm=vllm, log_completions=False,
                       mask_truncated_completions=False,
-                      chat_template_kwargs=None if thinking is None else {"enable_thinking": bool(thinking)}, **extra)
+                      chat_template_kwargs=chat_template_kwargs or None, **extra)
 
 # %% ../nbs/07_grpo.ipynb #02122d30
 def _train_resumable(trainer, policy, out_dir: Path, meta: dict) -> dict:
@@ -167,7 +167,8 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float = 5e
     rows = replay_mix(tasks, list(replay_tasks), replay_share, seed)
     reward_fn = make_reward_fn({t.id: t for t in rows})
     cfg = grpo_config(out_dir, steps, lr, num_generations, groups_per_step, temperature,
-                      int(max_new_tokens or policy.max_new_tokens), seed, save_steps, use_vllm, thinking)
+                      int(max_new_tokens or policy.max_new_tokens), seed, save_steps, use_vllm,
+                      thinking_kwargs(policy.processor or policy.tokenizer, thinking))   # TRL templates VLM rows
     trainer = PixGRPOTrainer(model=policy.model, reward_funcs=reward_fn, args=cfg, train_dataset=rl_dataset(policy, rows),
                              processing_class=policy.processor or policy.tokenizer,
                              peft_config=lora_config(lora_rank), callbacks=list(callbacks))

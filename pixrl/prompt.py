@@ -12,7 +12,7 @@ from .geometry import API_REGISTRY, MATH_NAMES, SAFE_BUILTINS, allowed_names
 # %% auto #0
 __all__ = ['ANISOTROPY_THRESHOLD', 'REPRESENTATIONS', 'RASTER_RULES', 'SVG_DOC', 'ANSWER_FORMAT', 'PromptSpec', 'api_doc',
            'documented_names', 'render_scale', 'anisotropy', 'raster', 'prompt_text', 'build_prompt', 'model_image_pil',
-           'prompt_image', 'user_turn', 'build_messages', 'feed_text']
+           'prompt_image', 'user_turn', 'build_messages', 'thinking_kwargs', 'feed_text']
 
 # %% ../nbs/02_prompt.ipynb #bb541baa
 ANISOTROPY_THRESHOLD = 1.6
@@ -188,18 +188,25 @@ def build_messages(task, spec: PromptSpec = PromptSpec()) -> list[dict]:
     return user_turn(prompt_text(task, spec), prompt_image(task, spec))
 
 
+def thinking_kwargs(template_owner, thinking: bool | None) -> dict:
+    """`{"enable_thinking": thinking}` for a chat template that reads that switch (Qwen3-style), else {} — a template
+    without it has one mode only, and a processor would take the unknown key for itself."""
+    tmpl = getattr(template_owner, "chat_template", None)
+    if thinking is None or "enable_thinking" not in str(tmpl or ""): return {}
+    return {"enable_thinking": bool(thinking)}
+
+
 def feed_text(text: str, template_owner=None, vision: bool = False, thinking: bool | None = None) -> str:
     """The string a policy is fed for prompt text `text`. Without a chat template on `template_owner` (a tokenizer
     or processor): `text` as is. With one: the template over one user turn (+ an image placeholder when
-    `vision`) and the generation prompt; `thinking` True/False is passed as `enable_thinking` (the operating
-    point of a reasoning model), None keeps the template's default. One rule for `Policy`, harvest, the agent
-    loop and preflight."""
+    `vision`) and the generation prompt; `thinking` True/False sets the template's `enable_thinking` switch
+    (`thinking_kwargs`: the operating point of a reasoning model), None keeps its default. One rule for `Policy`,
+    harvest, the agent loop and preflight."""
     if not getattr(template_owner, "chat_template", None):
         if vision or thinking:
             what = "place the image" if vision else "switch thinking on"
             raise ValueError(f"feed_text: vision={vision}, thinking={thinking} needs a chat template to {what}; "
                              f"{type(template_owner).__name__} has none")
         return text
-    kw = {} if thinking is None else {"enable_thinking": bool(thinking)}
     return template_owner.apply_chat_template(user_turn(text, True if vision else None), tokenize=False,
-                                              add_generation_prompt=True, **kw)
+                                              add_generation_prompt=True, **thinking_kwargs(template_owner, thinking))
