@@ -5,7 +5,7 @@ PY    := $(CURDIR)/$(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STAMP := $(VENV)/.pixrl-setup
 
-.PHONY: setup test train probe lab bench-eval gpu-check tiny export clean-nbs
+.PHONY: setup test train probe lab bench-eval gpu-check gpu-wheels tiny export clean-nbs
 
 setup: $(STAMP)
 
@@ -41,8 +41,15 @@ probe: setup
 	papermill nbs/probe.ipynb runs/probe.ipynb --cwd nbs
 
 # Smoke campaign on CUDA with a from-config model larger than pixrl-tiny; refuses clearly without a GPU.
-gpu-check: setup
-	python scripts/gpu_check.py
+# No setup: runs with the system python3 (one with a CUDA torch), plus the wheels in .whl/ if present (make gpu-wheels);
+# `make gpu-check PY3=.venv/bin/python` for a CUDA venv; ARGS go to scripts/gpu_check.py (e.g. ARGS=--cpu-dry-run).
+gpu-check:
+	@echo "scripts/gpu_check_device.sh with $(or $(PY3),python3) (PATH without $(VENV)/bin) $(ARGS)"
+	@PY3='$(or $(PY3),python3)' PATH='$(subst $(CURDIR)/$(VENV)/bin:,,$(PATH))' bash scripts/gpu_check_device.sh $(ARGS)
+
+# Wheels a GPU machine without internet lacks for gpu-check (cp312 manylinux x86_64) -> .whl/, pinned to .venv's.
+gpu-wheels:
+	bash scripts/gpu_wheels.sh
 
 # Rebuild pixrl-tiny from its seed (~35 min on 2 free cores); the committed copy is in data/models/pixrl-tiny.
 tiny: setup

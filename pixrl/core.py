@@ -33,7 +33,8 @@ def git_state(root: Path | None = None) -> dict:
     root = Path(root or repo_root())
     def git(*a):
         return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=30)
-    head = git("rev-parse", "HEAD")
+    try: head = git("rev-parse", "HEAD")
+    except FileNotFoundError: return {"commit": None, "dirty": None}   # no git binary (e.g. a bare GPU box)
     if head.returncode != 0: return {"commit": None, "dirty": None}
     # runs/ is excluded: a campaign rewrites its own tracked evidence notebook while it runs
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)runs").stdout.strip() != ""
