@@ -218,10 +218,29 @@ VLM_CHAT_TEMPLATE = (
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TINY_VLM_PROMPT_SPEC = PromptSpec(representation="py", api_doc=False, vision=True, image_size=64)
 
+def _transplant_text(vlm, text_from) -> None:
+    """Copy a causal LM's weights (same Qwen2 shape, pixrl's character vocabulary) into the VLM's language model;
+    the added chat/image tokens start at the mean embedding."""
+    from transformers import AutoModelForCausalLM
+    src = AutoModelForCausalLM.from_pretrained(text_from).model.state_dict()
+    dst = vlm.model.language_model.state_dict()
+    if set(src) != set(dst): raise ValueError(f"text_from={text_from!s}: its parameter names differ from the VLM's text model")
+    for k, v in dst.items():
+        s = src[k]
+        if s.shape == v.shape: dst[k] = s
+        elif k.endswith("embed_tokens.weight") and s.shape[1] == v.shape[1] and s.shape[0] < v.shape[0]:
+            dst[k] = torch.cat([s, s.mean(0, keepdim=True).expand(v.shape[0] - s.shape[0], -1)])
+        else: raise ValueError(f"text_from={text_from!s}: {k} has shape {tuple(s.shape)}, the VLM needs {tuple(v.shape)}")
+    vlm.model.language_model.load_state_dict(dst)
+    vlm.tie_weights()
+
 def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, patch: int = 8,
-                   spec: PromptSpec = TINY_VLM_PROMPT_SPEC, max_new_tokens: int = 96) -> Path:
-    """Save an untrained from-config LLaVA VLM (CLIP tower + projector + Qwen2 text model, pixrl's character
-    tokenizer + chat tokens) with its processor and `pixrl.json` to `out_dir`; deterministic from `seed`."""
+                   spec: PromptSpec = TINY_VLM_PROMPT_SPEC, max_new_tokens: int = 96, intermediate: int | None = None,
+                   text_from=None) -> Path:
+    """Save a from-config LLaVA VLM (CLIP tower + projector + Qwen2 text model, pixrl's character tokenizer + chat
+    tokens) with its processor and `pixrl.json` to `out_dir`; deterministic from `seed`. Untrained, unless
+    `text_from` (a model directory of the same text shape, e.g. `tiny_dir()` with hidden=128, layers=4,
+    intermediate=384) supplies the language model's weights; its vision tower and projector are always untrained."""
     from transformers import (LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor, CLIPVisionConfig,
                               CLIPImageProcessorPil)
     if not spec.vision: raise ValueError(f"build_tiny_vlm: spec.vision must be True, got {spec!r}")
@@ -236,7 +255,8 @@ def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, pa
                                patch_size=patch, vision_feature_select_strategy="default", image_token=VLM_IMAGE_TOKEN,
                                num_additional_image_tokens=1)   # the CLS token the "default" strategy drops
     eos, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id
-    text = tiny_config(vocab_size=len(tok), hidden=hidden, layers=layers, intermediate=2 * hidden, max_positions=2048)
+    text = tiny_config(vocab_size=len(tok), hidden=hidden, layers=layers, intermediate=intermediate or 2 * hidden,
+                       max_positions=2048)
     text.eos_token_id, text.bos_token_id, text.pad_token_id = eos, eos, pad
     vision = CLIPVisionConfig(hidden_size=hidden // 2, intermediate_size=hidden, num_hidden_layers=layers,
                               num_attention_heads=2, image_size=S, patch_size=patch, projection_dim=hidden // 2)
@@ -246,8 +266,10 @@ def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, pa
     set_seed(seed)
     model = LlavaForConditionalGeneration(cfg)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
+    if text_from is not None: _transplant_text(model, text_from)
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True); processor.save_pretrained(out)
     (out / PIXRL_META).write_text(json.dumps({"prompt_spec": dataclasses.asdict(spec), "max_new_tokens": max_new_tokens,
-                                              "note": "pixrl tiny VLM: from config, untrained", "seed": seed}, indent=1))
+                                              "note": "pixrl tiny VLM from config: " + (f"text model from {text_from}, "
+                                                      "vision untrained" if text_from else "untrained"), "seed": seed}, indent=1))
     return out

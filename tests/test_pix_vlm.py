@@ -126,3 +126,20 @@ def test_pixrl_tiny_vl_name_builds_into_the_cache(tmp_path, monkeypatch):
     pol = load_policy("pixrl-tiny-vl")
     assert pol.vision and pol.prompt_spec == TINY_VLM_PROMPT_SPEC
     assert resolve_model("pixrl-tiny-vl") == str(p)        # second use: the cached copy
+
+
+def test_build_tiny_vlm_text_from_pixrl_tiny(tmp_path):
+    "The transplant copies pixrl-tiny's language model exactly (new tokens at the mean embedding); a shape mismatch is refused."
+    from transformers import AutoModelForCausalLM
+    d = build_tiny_vlm(tmp_path / "vl", hidden=128, layers=4, intermediate=384, text_from=tiny_dir())
+    vlm = load_policy(str(d)).model
+    lm = AutoModelForCausalLM.from_pretrained(tiny_dir())
+    src, dst = lm.model.state_dict(), vlm.model.language_model.state_dict()
+    for k, v in src.items():
+        if k.endswith("embed_tokens.weight"):
+            assert torch.equal(dst[k][: v.shape[0]], v) and torch.allclose(dst[k][v.shape[0]:], v.mean(0).expand(3, -1))
+        else:
+            assert torch.equal(dst[k], v), k
+    assert torch.equal(vlm.lm_head.weight, vlm.model.language_model.embed_tokens.weight)   # still tied
+    with pytest.raises(ValueError, match="shape"):
+        build_tiny_vlm(tmp_path / "bad", hidden=64, layers=4, intermediate=384, text_from=tiny_dir())
