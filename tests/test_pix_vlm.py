@@ -31,6 +31,9 @@ def tasks():
 def test_vlm_loads_with_processor_and_attached_image_prompt(vlm_dir, tasks):
     pol = load_policy(str(vlm_dir))
     assert pol.vision and pol.processor is not None and pol.prompt_spec == TINY_VLM_PROMPT_SPEC
+    # the size the READMEs quote (113 k parameters; 64 image tokens = (64 px / 8 px patches)^2)
+    assert round(sum(p.numel() for p in pol.model.parameters()) / 1e3) == 113
+    assert pol.model.config.image_seq_length == 64
     p = pol.prompt(tasks[0])
     # one image slot, the "attached" line, no character raster
     assert p.count("<image>") == 1 and "Image (attached): 64x64 px" in p
