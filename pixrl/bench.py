@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .core import Timer
 from .harvest import sample_and_verify, task_prompts
+from .reward import DEFAULT_REWARD
 from .tasks import Task, load_split, release_digest
 
 # %% auto #0
@@ -92,7 +93,7 @@ def run_benchmark(policy, tasks: list[Task] | None = None, *, n: int = 8, temper
             "model": model or getattr(policy, "name", None) or type(policy).__name__,
             "config": {"n": n, "temperature": temperature, "seed": seed,
                        "max_new_tokens": max_new_tokens or getattr(policy, "max_new_tokens", None),
-                       "representation": representation, "task_ids": [t.id for t in tasks]},
+                       "representation": representation, "reward": DEFAULT_REWARD, "task_ids": [t.id for t in tasks]},
             "prompt_spec": dataclasses.asdict(spec), "data_digest": release_digest(),
             "wall_s": round(timer.seconds, 3), **summarise(rows), "tasks": rows}
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse, dataclasses, hashlib, json, os, shutil, subprocess, sys, time, uuid
 from pathlib import Path
 from .core import cache_dir, repo_root, set_seed
+from .reward import DEFAULT_REWARD, REWARD_POLICIES
 
 # %% auto #0
 __all__ = ['ARMS', 'LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_STEPS', 'THINKING_ARMS',
            'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'Stage', 'RunPlan', 'build_plan', 'operating_point', 'gate_absolute',
            'gate_relative', 'CampaignConfig', 'validate', 'load_state', 'save_state', 'ckpt_dir', 'init_state',
-           'stage_input', 'CanaryCallback', 'run_stage', 'run_campaign', 'probe_points', 'cli_main']
+           'stage_input', 'campaign_reward', 'CanaryCallback', 'run_stage', 'run_campaign', 'probe_points', 'cli_main']
 
 # %% ../nbs/09_campaign.ipynb #7840ec06
 ARMS = ("A", "B", "C", "D", "E", "F", "G", "I")
@@ -158,6 +159,7 @@ class CampaignConfig:
     save_steps: int = 5
     exec_slack: float = EXEC_SLACK
     levels: tuple = LEVELS             # curriculum levels the plan covers (tests use a prefix)
+    reward: str = DEFAULT_REWARD       # reward policy GRPO trains on and the probes score: shaped_v3c | shaped_v3b | raw_iou
 
     @property
     def run_dir(self) -> Path:
@@ -187,6 +189,8 @@ def validate(cfg: CampaignConfig) -> RunPlan:
         src = Path(cfg.fork_from) / "state.json"
         if not src.exists(): raise ValueError(f"fork_from={cfg.fork_from!r} holds no campaign state.json")
     if cfg.rollouts < 2: raise ValueError(f"rollouts must be >= 2, got {cfg.rollouts!r}")
+    if cfg.reward not in REWARD_POLICIES:
+        raise ValueError(f"unknown reward policy {cfg.reward!r}; accepted: {', '.join(REWARD_POLICIES)}")
     if cfg.probe_k < 1 or cfg.probe_per_level < 1: raise ValueError("probe_k and probe_per_level must be >= 1")
     path = resolve_model(cfg.model)                            # missing path -> ValueError
     if plan.needs_thinking:
@@ -271,13 +275,17 @@ def _tasks(level: int, split: str = "train") -> list:
     from pixrl.tasks import load_split
     return [t for t in load_split(split) if t.level == level]
 
+def campaign_reward(config: dict) -> str:
+    "The reward policy of a campaign's config; a state written before the setting existed trained on shaped_v3b."
+    return config.get("reward", "shaped_v3b")
+
 def _probe(state: dict, model_dir: str, tag) -> str:
     from pixrl.policy import load_policy
     from pixrl.probe import probe_tasks, run_probe, save_probe
     c = state["config"]; op = operating_point(c)
     pol = load_policy(model_dir, thinking=op["thinking"])
     res = run_probe(pol, probe_tasks(c["probe_per_level"]), k=c["probe_k"], seed=c["seed"],
-                    max_new_tokens=op["max_new_tokens"])
+                    max_new_tokens=op["max_new_tokens"], reward=campaign_reward(c))
     res["model_dir"] = model_dir
     name = f"probe_{tag}.json"
     save_probe(res, Path(state["run_dir"]) / name)
@@ -296,7 +304,8 @@ class CanaryCallback:
                 c = self.state["config"]
                 tasks = [t for t in probe_tasks(c["probe_per_level"]) if t.level == 4]
                 pol = dataclasses.replace(self.pol, model=model)
-                r = run_probe(pol, tasks, k=2, seed=c["seed"], max_new_tokens=operating_point(c)["max_new_tokens"])
+                r = run_probe(pol, tasks, k=2, seed=c["seed"], max_new_tokens=operating_point(c)["max_new_tokens"],
+                              reward=campaign_reward(c))
                 model.train()
                 row = {"step": tstate.global_step, **{k: r["overall"][k] for k in ("exec_rate", "iou", "reward")}}
                 with open(Path(self.state["run_dir"]) / "canary.jsonl", "a") as f: f.write(json.dumps(row) + "\n")
@@ -327,7 +336,7 @@ def run_stage(run_dir, k) -> dict:
                        num_generations=c["rollouts"], groups_per_step=c["groups_per_step"],
                        temperature=c["temperature"], max_new_tokens=op["max_new_tokens"], seed=c["seed"],
                        save_steps=c["save_steps"], replay_tasks=replay, replay_share=s["replay_share"], callbacks=cbs,
-                       thinking=op["thinking"])
+                       thinking=op["thinking"], reward=campaign_reward(c))
     (run_dir / f"metrics_{k}.json").write_text(json.dumps(res["log_history"], indent=0))
     name = _probe(state, res["final_dir"], k)
     out = {"probe": name, **{x: res[x] for x in ("final_dir", "global_step", "resumed_from_step", "seconds", "n_rows")},

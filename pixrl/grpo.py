@@ -14,7 +14,7 @@ from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 from peft import LoraConfig
 from .policy import load_policy, save_policy, Policy, format_answer
 from .prompt import prompt_text, user_turn, thinking_kwargs
-from .reward import make_reward_fn
+from .reward import make_reward_fn, DEFAULT_REWARD
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 datasets.disable_progress_bars()
@@ -159,13 +159,13 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float = 5e
              num_generations: int = 8, groups_per_step: int = 2, temperature: float = 1.0,
              max_new_tokens: int | None = None, seed: int = 0, save_steps: int = 5, replay_tasks: list = (),
              replay_share: float = 0.0, use_vllm: bool | None = None, callbacks: list = (),
-             thinking: bool | None = None) -> dict:
+             thinking: bool | None = None, reward: str = DEFAULT_REWARD) -> dict:
     """One GRPO stage from `model_dir` on `tasks` (+ replay); resumes from the last checkpoint in `out_dir`.
     Returns {final_dir, global_step, resumed_from_step, log_history, time_shares, seconds}."""
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
     policy = load_policy(model_dir, thinking=thinking)
     rows = replay_mix(tasks, list(replay_tasks), replay_share, seed)
-    reward_fn = make_reward_fn({t.id: t for t in rows})
+    reward_fn = make_reward_fn({t.id: t for t in rows}, policy=reward)   # shaped_v3c | shaped_v3b | raw_iou
     cfg = grpo_config(out_dir, steps, lr, num_generations, groups_per_step, temperature,
                       int(max_new_tokens or policy.max_new_tokens), seed, save_steps, use_vllm,
                       thinking_kwargs(policy.processor or policy.tokenizer, thinking))   # TRL templates VLM rows

@@ -6,7 +6,7 @@ import dataclasses, json
 from pathlib import Path
 
 from .evaluator import evaluate_many, EvalResult
-from .reward import rect_baseline, shaped_breakdown, extract_program
+from .reward import rect_baseline, shaped_breakdown, extract_program, DEFAULT_REWARD, SHAPED_POLICIES
 from .tasks import Task, get_task, load_split
 
 # %% auto #0
@@ -28,7 +28,7 @@ def _num(x):
     return x if x == x and abs(x) != float("inf") else None
 
 def attempt_record(code: str, result: EvalResult, breakdown: dict) -> dict:
-    "One verified program: its code, the evaluator's result fields and the shaped_v3b breakdown."
+    "One verified program: its code, the evaluator's result fields and the shaped breakdown (`shaped_v3c` by default)."
     return {"code": code, "status": _status_name(result.status), "reason": result.reason,
             "iou": _num(result.iou), "dice": _num(result.dice), "chamfer_um": _num(result.chamfer_um),
             "extra_um": _num(result.extra_um), "missing_um": _num(result.missing_um),
@@ -36,11 +36,14 @@ def attempt_record(code: str, result: EvalResult, breakdown: dict) -> dict:
             **{k: (bool(v) if k in ("degenerate", "executable") else _num(v)) for k, v in breakdown.items()}}
 
 def verify(tasks: list[Task], codes: list[list[str]], representation: str = "py",
-           workers: int | None = None) -> list[list[dict]]:
+           workers: int | None = None, reward: str = DEFAULT_REWARD) -> list[list[dict]]:
     """Evaluate `codes[i][k]` against `tasks[i]` and score it; returns the same nesting of attempt dicts.
 
     Programs go through the evaluator's sandbox (`evaluate_many`, one batch); the reward breakdown
-    comes from `pixrl.reward.shaped_breakdown` with the task's cached rectangle baseline."""
+    comes from `pixrl.reward.shaped_breakdown` under the shaped policy `reward`, with the task's cached rectangle
+    baseline."""
+    if reward not in SHAPED_POLICIES:
+        raise ValueError(f"verify scores with a shaped policy; got reward={reward!r}, accepted: {SHAPED_POLICIES}")
     if len(tasks) != len(codes):
         raise ValueError(f"verify: {len(tasks)} tasks but {len(codes)} lists of programs")
     pairs = [(t, c, representation) for t, cs in zip(tasks, codes) for c in cs]
@@ -50,7 +53,7 @@ def verify(tasks: list[Task], codes: list[list[str]], representation: str = "py"
         base = rect_baseline(t)
         row = []
         for c in cs:
-            row.append(attempt_record(c, results[k], shaped_breakdown(results[k], base))); k += 1
+            row.append(attempt_record(c, results[k], shaped_breakdown(results[k], base, policy=reward))); k += 1
         out.append(row)
     return out
 

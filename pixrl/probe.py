@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from .tasks import load_split, LEVELS
 from .evaluator import evaluate_many
-from .reward import rect_baseline, shaped_breakdown, extract_program
+from .reward import rect_baseline, shaped_breakdown, extract_program, raw_iou, DEFAULT_REWARD, REWARD_POLICIES, SHAPED_POLICIES
 
 # %% auto #0
 __all__ = ['PROBE_PER_LEVEL', 'METRICS', 'probe_tasks', 'summarise', 'probe_table', 'run_probe', 'save_probe', 'probe_curve',
@@ -46,8 +46,11 @@ def probe_table(result: dict) -> pd.DataFrame:
 
 # %% ../nbs/08_probe.ipynb #577c69ea
 def run_probe(policy, tasks: list | None = None, k: int = 4, temperature: float = 1.0, seed: int = 0,
-              max_new_tokens: int | None = None, workers: int | None = None) -> dict:
-    "Probe `policy` on `tasks` (default: the fixed 80) — returns {per_level, overall, samples, config}."
+              max_new_tokens: int | None = None, workers: int | None = None, reward: str = DEFAULT_REWARD) -> dict:
+    """Probe `policy` on `tasks` (default: the fixed 80) — returns {per_level, overall, samples, config}; the `reward`
+    column is the reward policy `reward` (a campaign's own), `iou_n` is the same under every policy."""
+    if reward not in REWARD_POLICIES:
+        raise ValueError(f"unknown reward policy {reward!r}; accepted: {REWARD_POLICIES}")
     tasks = probe_tasks() if tasks is None else list(tasks)
     prompts = [policy.prompt(t) for t in tasks]
     smp = policy.sample(prompts, n=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
@@ -56,17 +59,17 @@ def run_probe(policy, tasks: list | None = None, k: int = 4, temperature: float 
     results = evaluate_many(pairs, workers=workers)
     records = []
     for i, ((task, prog), res) in enumerate(zip(pairs, results)):
-        b = shaped_breakdown(res, rect_baseline(task))
+        b = shaped_breakdown(res, rect_baseline(task), policy=reward if reward in SHAPED_POLICIES else "shaped_v3b")
         j, kk = divmod(i, k)
         records.append({"task_id": task.id, "level": int(task.level), "k": kk, "ok": bool(res.ok),
                         "status": str(getattr(res.status, "value", res.status)),
                         "iou": float(res.iou) if res.ok and res.iou is not None else 0.0,
-                        "iou_n": float(b["iou_n"]), "reward": float(b["reward"]),
+                        "iou_n": float(b["iou_n"]), "reward": float(b["reward"] if reward in SHAPED_POLICIES else raw_iou(res)),
                         "entropy": smp.entropy[j][kk], "n_tokens": smp.n_tokens[j][kk], "completion": smp.texts[j][kk]})
     out = summarise(records)
     out["samples"] = records
     out["config"] = {"k": k, "temperature": temperature, "seed": seed, "n_tasks": len(tasks),
-                     "task_ids": [t.id for t in tasks], "policy": getattr(policy, "name", None)}
+                     "task_ids": [t.id for t in tasks], "policy": getattr(policy, "name", None), "reward": reward}
     return out
 
 def save_probe(result: dict, path) -> Path:

@@ -86,7 +86,7 @@ def _f(v, nd=3) -> str:
     return "—" if v is None else f"{v:.{nd}f}" if isinstance(v, float) else str(v)
 
 def model_card(name: str, adapter_cfg: dict, bench: dict | None, probe: list[dict] | None,
-               loop: dict | None, records: dict[str, dict], has_merged: bool) -> str:
+               loop: dict | None, records: dict[str, dict], has_merged: bool, rewards: dict | None = None) -> str:
     "Markdown model card from the evidence alone (records: label → {path, sha256, commit, dirty})."
     base = adapter_cfg.get("base_model_name_or_path")
     digests = sorted({r.get("data_digest") for r in (bench, loop) if r} - {None})
@@ -95,6 +95,8 @@ def model_card(name: str, adapter_cfg: dict, bench: dict | None, probe: list[dic
              f"`{base}`, trained by pixrl on the sealed `depth-v1` curriculum: the policy sees a target "
              "layout image and writes a program in pixrl's geometry language that redraws it.", "",
              "Every number below is copied by `pixrl release` from the evidence records listed at the end.", ""]
+    if rewards:
+        lines += ["Reward policies (`pixrl.reward`): " + "; ".join(f"{k}: `{v}`" for k, v in rewards.items()) + ".", ""]
     if bench:
         o, cfg = bench["overall"], bench["config"]
         lines += [f"## Benchmark ({len(bench['per_family'])} families, {o['n_tasks']} held-out test tasks)", "",
@@ -153,12 +155,13 @@ def make_release(adapter, out, *, bench=None, probe=None, loop=None, merged=None
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"--out {str(out)!r} exists and is not empty (pass --overwrite to replace it)")
     name = name or Path(adapter).resolve().name
-    records, bench_d, loop_d, probe_r = {}, None, None, None
+    records, bench_d, loop_d, probe_r, rewards = {}, None, None, None, {}
     if bench is not None:
         bench_d = _load_json(bench, "bench")
         if bench_d.get("kind") != "pixrl.bench":
             raise ValueError(f"--bench {str(bench)!r} is not a pixrl.bench record (kind {bench_d.get('kind')!r})")
         records["benchmark"] = _record_meta(bench, bench_d)
+        rewards["benchmark scoring"] = bench_d.get("config", {}).get("reward", "shaped_v3b")
     if loop is not None:
         loop_d = _load_json(loop, "loop")
         if loop_d.get("kind") != "pixrl.agent_loop":
@@ -167,6 +170,7 @@ def make_release(adapter, out, *, bench=None, probe=None, loop=None, merged=None
     if probe is not None:
         points, files = load_probe_points(probe)
         probe_r = probe_rows(points)
+        rewards["training and probes"] = ", ".join(sorted({(r.get("config") or {}).get("reward", "shaped_v3b") for _, r in points}))
         for f in files:
             records[f"probe {f.name}"] = _record_meta(f, {})
     digests = {r["data_digest"] for r in (bench_d, loop_d) if r and r.get("data_digest")}
@@ -177,7 +181,7 @@ def make_release(adapter, out, *, bench=None, probe=None, loop=None, merged=None
     if out.exists(): shutil.rmtree(out)
     shutil.copytree(adapter, out / "adapter")
     if merged is not None: shutil.copytree(merged, out / "merged")
-    card = model_card(name, cfg, bench_d, probe_r, loop_d, records, merged is not None)
+    card = model_card(name, cfg, bench_d, probe_r, loop_d, records, merged is not None, rewards)
     (out / "README.md").write_text(card)
     gs = git_state()
     version = {"version": name, "commit": gs.get("commit") or "uncommitted", "dirty": gs.get("dirty"),

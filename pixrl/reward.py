@@ -10,9 +10,10 @@ from . import evaluator
 from .evaluator import EvalResult, Status, evaluate_many, REPRESENTATIONS
 
 # %% auto #0
-__all__ = ['SHAPED_V3B', 'REWARD_POLICIES', 'THINK_OPEN', 'THINK_CLOSE', 'RectBaseline', 'ink_bbox', 'rect_mask',
-           'rect_baseline_program', 'rect_baseline', 'shaped_breakdown', 'shaped_v3b', 'raw_iou', 'completion_text',
-           'answer_text', 'extract_program', 'make_reward_fn', 'batch_metrics']
+__all__ = ['SHAPED_V3B', 'SHAPED_POLICIES', 'REWARD_POLICIES', 'DEFAULT_REWARD', 'THINK_OPEN', 'THINK_CLOSE', 'RectBaseline',
+           'ink_bbox', 'rect_mask', 'rect_baseline_program', 'rect_baseline', 'shaped_breakdown', 'shaped_v3b',
+           'raw_iou', 'chance_precision', 'ink_precision', 'precision_gate', 'shaped_v3c', 'target_blind_programs',
+           'completion_text', 'answer_text', 'extract_program', 'make_reward_fn', 'batch_metrics']
 
 # %% ../nbs/04_reward.ipynb #fefeeb5a
 SHAPED_V3B = {
@@ -22,7 +23,9 @@ SHAPED_V3B = {
     "w_teacher": 0.40,           # weight of teacher_nb (boundary chamfer)
     "degenerate_iou_rect": 0.95, # iou_rect >= this: the raw branch
 }
-REWARD_POLICIES = ("shaped_v3b", "raw_iou")
+SHAPED_POLICIES = ("shaped_v3c", "shaped_v3b")            # the rectangle-normalised policies
+REWARD_POLICIES = (*SHAPED_POLICIES, "raw_iou")             # every policy a campaign can train on
+DEFAULT_REWARD = "shaped_v3c"                              # what campaigns train on and probes score
 
 # %% ../nbs/04_reward.ipynb #e88503a6
 @dataclass(frozen=True)
@@ -33,6 +36,8 @@ class RectBaseline:
     ch_rect: float      # chamfer of the rectangle, um
     diag_um: float      # footprint diagonal, um
     degenerate: bool    # iou_rect >= SHAPED_V3B["degenerate_iou_rect"]
+    target_px: int = 0  # |T|: target ink pixels on the calibration grid (0 = unknown; shaped_v3c needs it)
+    canvas_px: int = 0  # pixels of the calibration grid (0 = unknown; shaped_v3c needs it)
 
 def ink_bbox(mask: np.ndarray) -> tuple:
     "(row0, row1, col0, col1) inclusive bounds of the ink of a bool mask; ValueError if it is empty."
@@ -68,44 +73,151 @@ def rect_baseline(task) -> RectBaseline:
                                    evaluator.mean_axis_scale(task.footprint_um, shape))
         W, H = task.footprint_um
         b = _BASELINES[key] = RectBaseline(m["iou"], m["dice"], m["chamfer_um"], math.hypot(W, H),
-                                           m["iou"] >= SHAPED_V3B["degenerate_iou_rect"])
+                                           m["iou"] >= SHAPED_V3B["degenerate_iou_rect"],
+                                           int(np.count_nonzero(task.target_mask)), int(np.size(task.target_mask)))
     return b
 
 # %% ../nbs/04_reward.ipynb #ffdcad90
-def _clip01(x: float) -> float: return min(1.0, max(0.0, float(x)))
+def _clip01(x: float) -> float:
+    return min(1.0, max(0.0, float(x)))
 
-def shaped_breakdown(result: EvalResult, baseline: RectBaseline, constants: dict = SHAPED_V3B) -> dict:
-    """The terms of shaped_v3b for one result: `iou_n, dice_n, teacher_nb, degenerate, executable,
-    reward`. `executable` = the program ran to completion (OK or EMPTY); only OK results earn."""
+def _normalised(x: float, ref: float) -> float:
+    "clip((x − ref)/(1 − ref), 0, 1): how far `x` got from the reference `ref` towards 1 (ref ≥ 1: 1 iff x ≥ 1)."
+    if ref >= 1.0:
+        return 1.0 if x >= 1.0 else 0.0
+    return _clip01((x - ref) / (1.0 - ref))
+
+def shaped_breakdown(result: EvalResult, baseline: RectBaseline, constants: dict = SHAPED_V3B,
+                     policy: str = "shaped_v3b") -> dict:
+    """The terms of a shaped policy (`shaped_v3b` or `shaped_v3c`) for one result: `iou_n, dice_n, teacher_nb,
+    teacher_gate, degenerate, executable, reward`. `executable` = the program ran to completion (OK or EMPTY);
+    only OK results earn. Under `shaped_v3b` the gate is 1.0; under `shaped_v3c` it is `precision_gate`."""
+    if policy not in SHAPED_POLICIES:
+        raise ValueError(f"unknown shaped policy {policy!r}; accepted: {SHAPED_POLICIES}")
     if not isinstance(baseline, RectBaseline):
-        raise ValueError(f"shaped_v3b needs the task's RectBaseline (call rect_baseline(task)); got {baseline!r:.80}")
+        raise ValueError(f"{policy} needs the task's RectBaseline (call rect_baseline(task)); got {baseline!r:.80}")
     if not isinstance(result, EvalResult):
-        raise ValueError(f"shaped_v3b needs an EvalResult; got {type(result).__name__}")
-    out = {"iou_n": 0.0, "dice_n": 0.0, "teacher_nb": 0.0, "degenerate": bool(baseline.degenerate),
+        raise ValueError(f"{policy} needs an EvalResult; got {type(result).__name__}")
+    out = {"iou_n": 0.0, "dice_n": 0.0, "teacher_nb": 0.0, "teacher_gate": 1.0 if policy == "shaped_v3b" else 0.0,
+           "degenerate": bool(baseline.degenerate),
            "executable": result.status in (Status.OK, Status.EMPTY), "reward": 0.0}
-    if not result.ok: return out
+    if not result.ok:
+        return out
     ch = result.chamfer_um
-    if baseline.degenerate:
-        iou_n, dice_n = _clip01(result.iou), _clip01(result.dice)
-        teacher = _clip01(1.0 - ch / baseline.diag_um) if ch is not None else 0.0
+    if policy == "shaped_v3c" and baseline.degenerate:
+        chance = chance_precision(baseline)
+        iou_n = _normalised(result.iou, chance)                      # the full canvas has IoU = chance
+        dice_n = _normalised(result.dice, 2 * chance / (1 + chance))  # ... and Dice = 2·chance/(1 + chance)
+    elif baseline.degenerate:
+        iou_n = _clip01(result.iou)
+        dice_n = _clip01(result.dice)
     else:
-        iou_n = _clip01((result.iou - baseline.iou_rect) / (1.0 - baseline.iou_rect))
-        dice_n = _clip01((result.dice - baseline.dice_rect) / (1.0 - baseline.dice_rect))
-        if ch is None: teacher = 0.0
-        elif baseline.ch_rect > 0: teacher = _clip01(1.0 - ch / baseline.ch_rect)
-        else: teacher = 1.0 if ch == 0 else 0.0
+        iou_n = _normalised(result.iou, baseline.iou_rect)
+        dice_n = _normalised(result.dice, baseline.dice_rect)
+    if ch is None:
+        teacher = 0.0
+    elif baseline.degenerate:
+        teacher = _clip01(1.0 - ch / baseline.diag_um)
+    elif baseline.ch_rect > 0:
+        teacher = _clip01(1.0 - ch / baseline.ch_rect)
+    else:
+        teacher = 1.0 if ch == 0 else 0.0
+    gate = precision_gate(result, baseline) if policy == "shaped_v3c" else 1.0
     c = constants
-    out.update(iou_n=iou_n, dice_n=dice_n, teacher_nb=teacher,
-               reward=c["floor"] + c["w_iou"] * iou_n + c["w_dice"] * dice_n + c["w_teacher"] * teacher)
+    reward = c["floor"] + c["w_iou"] * iou_n + c["w_dice"] * dice_n + c["w_teacher"] * teacher * gate
+    out.update(iou_n=iou_n, dice_n=dice_n, teacher_nb=teacher * gate, teacher_gate=gate, reward=reward)
     return out
 
 def shaped_v3b(result: EvalResult, baseline: RectBaseline) -> float:
-    "The shaped_v3b reward of one evaluated candidate (see `shaped_breakdown`)."
+    "The shaped_v3b reward of one evaluated candidate (the seed's reward, pinned; see `shaped_breakdown`)."
     return shaped_breakdown(result, baseline)["reward"]
 
 def raw_iou(result: EvalResult) -> float:
     "The comparison policy: reward = IoU for OK results, else 0.0."
     return float(result.iou) if result.ok else 0.0
+
+
+# %% ../nbs/04_reward.ipynb #a465a06d
+def chance_precision(baseline: RectBaseline) -> float:
+    "|T|/|canvas|: the precision of ink spread without looking at the target (the full canvas's precision)."
+    if baseline.target_px <= 0 or baseline.canvas_px <= 0:
+        raise ValueError(f"shaped_v3c needs the target and canvas pixel counts in the RectBaseline "
+                         f"(target_px={baseline.target_px!r}, canvas_px={baseline.canvas_px!r}); build it with rect_baseline(task)")
+    return baseline.target_px / baseline.canvas_px
+
+def ink_precision(result: EvalResult, baseline: RectBaseline) -> float:
+    "|C ∩ T| / |C| of an OK result: the share of its ink on target ink (from its render and the evaluator's IoU)."
+    if result.mask is None:
+        raise ValueError("shaped_v3c needs the candidate's render (EvalResult.mask), which only a fresh "
+                         "evaluate/evaluate_many result carries; got a result without one")
+    chance_precision(baseline)                                   # refuses a baseline without pixel counts
+    c_px = int(np.count_nonzero(result.mask))                   # |C|
+    inter = result.iou * (c_px + baseline.target_px) / (1.0 + result.iou)   # |C ∩ T| from IoU = I/(|C|+|T|−I)
+    return _clip01(inter / c_px) if c_px else 0.0
+
+def precision_gate(result: EvalResult, baseline: RectBaseline) -> float:
+    "shaped_v3c's teacher gate: precision normalised against the rectangle's (ordinary targets) or chance (degenerate)."
+    ref = chance_precision(baseline) if baseline.degenerate else baseline.iou_rect
+    return _normalised(ink_precision(result, baseline), ref)
+
+def shaped_v3c(result: EvalResult, baseline: RectBaseline) -> float:
+    "The shaped_v3c reward: shaped_v3b with the boundary teacher gated by ink precision (see above)."
+    return shaped_breakdown(result, baseline, policy="shaped_v3c")["reward"]
+
+
+# %% ../nbs/04_reward.ipynb #c0f2cf54
+def _stripes(pitch: float, duty: float, horizontal: bool) -> str:
+    n = min(1000, int(300 / pitch) + 1)
+    if horizontal:
+        return f"for i in range({n}):\n    rect(0, {pitch} * i, 100000, {pitch * duty})\n"
+    return f"for i in range({n}):\n    rect({pitch} * i, 0, {pitch * duty}, 100000)\n"
+
+def _diagonal(pitch: float, sign: int) -> str:
+    n = min(1000, int(600 / pitch) + 1)
+    w = pitch / 2
+    x0, dx = (-300, 300) if sign > 0 else (0, -300)
+    return (f"for i in range({n}):\n    x = {pitch} * i + {x0}\n"
+            f"    polygon([(x, 0), (x + {w}, 0), (x + {w} + {dx}, 300), (x + {dx}, 300)])\n")
+
+def _scatter(seed: int, n: int, size: float, disc: bool) -> str:
+    rng = np.random.default_rng(seed)
+    xy = np.round(rng.uniform(0, 100, (n, 2)), 2)
+    s = np.round(rng.uniform(0.3, 1.0, n) * size, 2)
+    if disc:
+        return "".join(f"circle({x}, {y}, {r / 2})\n" for (x, y), r in zip(xy.tolist(), s.tolist()))
+    return "".join(f"rect({x}, {y}, {r}, {r})\n" for (x, y), r in zip(xy.tolist(), s.tolist()))
+
+def target_blind_programs(library: list[str] = ()) -> dict[str, str]:
+    """{name: program} of programs that never read the target (the same text on every task): hatching at several
+    pitches, duty cycles and directions, grids, checkerboards, the full/half canvas, random scatters, rings, a centred
+    shape, and — given `library` (programs of other tasks) — the union of their drawn parts (cuts dropped)."""
+    out = {"hatch rect(2i, 0, 1, 1e5)": "for i in range(1000):\n    rect(2 * i, 0, 1, 100000)\n"}
+    for pitch in (1, 2, 3, 5, 8, 13):
+        for duty in (0.25, 0.5, 0.75):
+            out[f"vertical stripes pitch {pitch} duty {duty}"] = _stripes(pitch, duty, False)
+            out[f"horizontal stripes pitch {pitch} duty {duty}"] = _stripes(pitch, duty, True)
+        out[f"diagonal / pitch {pitch}"] = _diagonal(pitch, 1)
+        out[f"diagonal \\ pitch {pitch}"] = _diagonal(pitch, -1)
+        n = min(500, int(300 / pitch) + 1)
+        out[f"grid pitch {pitch}"] = f"for i in range({n}):\n    rect({pitch} * i, 0, {pitch / 4}, 100000)\n    rect(0, {pitch} * i, 100000, {pitch / 4})\n"
+        m = min(44, int(200 / pitch) + 1)
+        out[f"checkerboard pitch {pitch}"] = (f"for i in range({m}):\n    for j in range({m}):\n        if (i + j) % 2 == 0:\n"
+                                             f"            rect({pitch} * i, {pitch} * j, {pitch}, {pitch})\n")
+    out["full canvas"] = "rect(0, 0, 1000000, 1000000)\n"
+    out["half canvas"] = "rect(0, 0, 1000000, 40)\n"
+    for seed in range(3):
+        out[f"scatter 200 squares seed {seed}"] = _scatter(seed, 200, 4.0, False)
+        out[f"scatter 1000 squares seed {seed}"] = _scatter(10 + seed, 1000, 3.0, False)
+        out[f"scatter 300 discs seed {seed}"] = _scatter(20 + seed, 300, 5.0, True)
+    out["rings around (40, 40)"] = "for i in range(1, 50):\n    ring(40, 40, 3 * i, 1.5)\n"
+    out["rings around (0, 0)"] = "for i in range(1, 37):\n    ring(0, 0, 4 * i, 2)\n"
+    out["centred rectangle"] = "rect(20, 20, 40, 40)\n"
+    out["centred disc"] = "circle(40, 40, 25)\n"
+    if library:
+        drawn = [line for prog in library for line in prog.splitlines() if "cut(" not in line]
+        out[f"union of {len(library)} programs"] = "\n".join(drawn) + "\n"
+    return out
+
 
 # %% ../nbs/04_reward.ipynb #15071290
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
@@ -143,7 +255,7 @@ def extract_program(completion) -> str:
     return body + "\n" if body.strip() else ""
 
 # %% ../nbs/04_reward.ipynb #a2cfef3b
-def make_reward_fn(tasks_by_id, policy: str = "shaped_v3b", representation: str = "py",
+def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: str = "py",
                    workers: int | None = None, limits: evaluator.Limits | None = None):
     "TRL reward callable `fn(prompts, completions, **kwargs) -> list[float]` (see the table above)."
     if policy not in REWARD_POLICIES:
@@ -167,12 +279,16 @@ def make_reward_fn(tasks_by_id, policy: str = "shaped_v3b", representation: str 
         tasks = [tasks_by_id[i] for i in ids]
         results = evaluate_many([(t, extract_program(c), r) for t, c, r in zip(tasks, completions, reps)],
                                 workers=workers, limits=limits)
-        bds = [shaped_breakdown(res, rect_baseline(t)) for res, t in zip(results, tasks)]
-        rewards = [b["reward"] if policy == "shaped_v3b" else raw_iou(res) for b, res in zip(bds, results)]
-        reward_fn.last_results, reward_fn.last_breakdowns = results, bds
+        bds = {p: [shaped_breakdown(res, rect_baseline(t), policy=p) for res, t in zip(results, tasks)]
+               for p in SHAPED_POLICIES}
+        shaped = bds[policy if policy in SHAPED_POLICIES else DEFAULT_REWARD]
+        rewards = [b["reward"] for b in shaped] if policy in SHAPED_POLICIES else [raw_iou(res) for res in results]
         log = kwargs.get("log_metric")
         if callable(log) and results:
-            for name, value in batch_metrics(results, bds).items(): log(name, value)
+            for name, value in batch_metrics(results, shaped).items():
+                log(name, value)
+            log("pix/reward_v3b", float(np.mean([b["reward"] for b in bds["shaped_v3b"]])))
+            log("pix/reward_v3c", float(np.mean([b["reward"] for b in bds["shaped_v3c"]])))
         extra = kwargs.get("log_extra")          # per-completion columns in TRL's completions table
         if callable(extra) and results:
             extra("pix_status", [Status(r.status).value for r in results])
@@ -180,7 +296,6 @@ def make_reward_fn(tasks_by_id, policy: str = "shaped_v3b", representation: str 
         return rewards
 
     reward_fn.__name__ = reward_fn.__qualname__ = policy
-    reward_fn.last_results, reward_fn.last_breakdowns = [], []
     return reward_fn
 
 def batch_metrics(results, breakdowns) -> dict:
@@ -190,6 +305,7 @@ def batch_metrics(results, breakdowns) -> dict:
     out = {"pix/executable": mean(b["executable"] for b in breakdowns), "pix/ok": mean(r.ok for r in results),
            "pix/iou": mean(raw_iou(r) for r in results), "pix/iou_n": mean(b["iou_n"] for b in breakdowns),
            "pix/dice_n": mean(b["dice_n"] for b in breakdowns), "pix/teacher_nb": mean(b["teacher_nb"] for b in breakdowns),
+           "pix/teacher_gate": mean(b["teacher_gate"] for b in breakdowns),
            "pix/degenerate": mean(b["degenerate"] for b in breakdowns),
            "pix/reward_shaped": mean(b["reward"] for b in breakdowns)}
     counts = Counter(Status(r.status).value for r in results)

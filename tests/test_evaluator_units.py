@@ -133,7 +133,7 @@ def test_reward_fn_survives_weird_completions():
              representation=["py"] * 6 + ["svg"], log_metric=lambda k, v: logged.__setitem__(k, v))
     assert out[:4] == [0.0] * 4 and out[4] == pytest.approx(1.0) and out[5] == pytest.approx(1.0)
     assert out[6] == pytest.approx(1.0)
-    assert fn.__name__ == "shaped_v3b" and logged["pix/ok"] == pytest.approx(3 / 7)
+    assert fn.__name__ == rw.DEFAULT_REWARD and logged["pix/ok"] == pytest.approx(3 / 7)
     assert set(logged) >= {"pix/executable", "pix/iou_n", "pix/dice_n", "pix/teacher_nb", "pix/degenerate"}
     with pytest.raises(ValueError, match="task_id"):
         fn(prompts=["p"], completions=["x"])

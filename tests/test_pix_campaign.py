@@ -116,3 +116,32 @@ def test_replay_mix_from_the_package():
     mix = replay_mix(l2, lower, 0.25, seed=0)
     assert len(mix) == 12 and sum(t.level < 2 for t in mix) == 3
     assert [t.id for t in mix] == [t.id for t in replay_mix(l2, lower, 0.25, seed=0)]
+
+
+def test_reward_policy_is_a_campaign_setting(tmp_path):
+    from pixrl.campaign import _parser
+    from pixrl.reward import DEFAULT_REWARD
+    assert CampaignConfig().reward == DEFAULT_REWARD == "shaped_v3c"
+    assert CampaignConfig(reward="shaped_v3b").fingerprint() != CampaignConfig().fingerprint()
+    with pytest.raises(ValueError, match="unknown reward policy 'iou'.*shaped_v3c, shaped_v3b, raw_iou"):
+        validate(CampaignConfig(reward="iou", runs_root=str(tmp_path)))
+    assert _parser().parse_args(["run", "--reward", "raw_iou"]).reward == "raw_iou"
+
+
+def test_the_campaign_reward_reaches_trl_and_the_probe(tmp_path):
+    "A smoke stage under shaped_v3b: TRL logs that reward function, the probe and the state name it."
+    import os, subprocess, sys
+    env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "pixrl.campaign", "run", "--arm", "B", "--runs-root", str(tmp_path), "--name", "v3b",
+           "--levels", "0", "--smoke", "--probe-per-level", "1", "--probe-k", "2", "--groups-per-step", "1",
+           "--max-new-tokens", "48", "--lora-rank", "8", "--reward", "shaped_v3b"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rd = tmp_path / "v3b"
+    state = json.loads((rd / "state.json").read_text())
+    assert state["config"]["reward"] == "shaped_v3b"
+    steps = [row for row in json.loads((rd / "metrics_0.json").read_text()) if "rewards/shaped_v3b/mean" in row]
+    assert steps and all("pix/reward_v3c" in row and "pix/teacher_gate" in row for row in steps)
+    assert all(row["pix/teacher_gate"] == 1.0 for row in steps)                  # shaped_v3b: the teacher is ungated
+    for name in ("probe_base.json", "probe_0.json"):
+        assert json.loads((rd / name).read_text())["config"]["reward"] == "shaped_v3b"
