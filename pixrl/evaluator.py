@@ -2,7 +2,7 @@
 
 # %% ../nbs/03_evaluator.ipynb #23b4c9ed
 from __future__ import annotations
-import ast, atexit, ctypes, enum, gc, json, math, os, pickle, re, resource, selectors, signal, struct, subprocess, sys
+import ast, atexit, ctypes, enum, gc, itertools, json, math, os, pickle, re, resource, selectors, signal, struct, subprocess, sys
 import threading, time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field, replace
@@ -11,12 +11,28 @@ import numpy as np
 from . import geometry
 
 # %% auto #0
-__all__ = ['OK', 'SOURCE_REJECTED', 'RUNTIME_ERROR', 'TIMEOUT', 'RESOURCE_LIMIT', 'EMPTY', 'INFRA_FAULT', 'STATUSES',
-           'REPRESENTATIONS', 'ALLOWED_NODES', 'ALLOWED_ATTRS', 'FORBIDDEN_NAMES', 'ALLOWED_NAMES', 'Status',
-           'EvaluatorInfraError', 'IsolationUnavailable', 'default_workers', 'default_timeout', 'default_batch',
-           'isolation_required', 'Limits', 'EvalResult', 'check_source', 'SvgRejected', 'parse_svg', 'svg_to_program',
-           'shutdown_servers', 'server_stats', 'boundary_mask', 'TargetSide', 'target_side', 'cached_target_side',
-           'mean_axis_scale', 'mask_metrics', 'evaluate_many', 'evaluate']
+__all__ = ['REASON_CHARS', 'OK', 'SOURCE_REJECTED', 'RUNTIME_ERROR', 'TIMEOUT', 'RESOURCE_LIMIT', 'EMPTY', 'INFRA_FAULT',
+           'STATUSES', 'REPRESENTATIONS', 'ALLOWED_NODES', 'ALLOWED_ATTRS', 'FORBIDDEN_NAMES', 'ALLOWED_NAMES',
+           'clean_reason', 'Status', 'EvaluatorInfraError', 'IsolationUnavailable', 'default_workers',
+           'default_timeout', 'default_batch', 'isolation_required', 'Limits', 'EvalResult', 'check_source',
+           'SvgRejected', 'parse_svg', 'svg_to_program', 'shutdown_servers', 'server_stats', 'boundary_mask',
+           'TargetSide', 'target_side', 'cached_target_side', 'mean_axis_scale', 'mask_metrics', 'evaluate_many',
+           'evaluate']
+
+# %% ../nbs/03_evaluator.ipynb #a1c0de02
+REASON_CHARS = 300                                          # every status reason is at most this long
+_ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{4,}")
+_INTERNAL_RE = re.compile(r"[\w.]*<locals>\.")
+
+def clean_reason(reason) -> str:
+    "`reason` without memory addresses or `<locals>` qualified names, cut to `REASON_CHARS` (idempotent)."
+    text = _INTERNAL_RE.sub("", _ADDRESS_RE.sub(_hide_address, str(reason)))
+    if len(text) > REASON_CHARS:
+        text = text[:REASON_CHARS - 1] + "…"
+    return text
+
+def _hide_address(m) -> str:
+    return "" if m.group(0).startswith(" at ") else "0x…"
 
 # %% ../nbs/03_evaluator.ipynb #098ce5eb
 class Status(str, enum.Enum):
@@ -109,6 +125,9 @@ class EvalResult:
     reason: str = ""
     mask: np.ndarray | None = field(default=None, repr=False, compare=False)
 
+    def __post_init__(self):
+        object.__setattr__(self, "reason", clean_reason(self.reason))
+
     @property
     def ok(self) -> bool: return self.status == Status.OK
 
@@ -143,13 +162,18 @@ _WHAT = {ast.Import: "import", ast.ImportFrom: "import", ast.JoinedStr: "f-strin
          ast.Global: "global", ast.Nonlocal: "nonlocal", ast.Try: "try/except", ast.With: "with", ast.Raise: "raise",
          ast.Delete: "del", ast.Yield: "yield", ast.YieldFrom: "yield", ast.Await: "await"}
 
+_TOO_DEEP = "not valid Python: nested too deeply (RecursionError)"   # one text, wherever the depth ran out
+
 def _gate_compile(source: str, limits: Limits) -> tuple:
-    "The py gate: (None, code object) when `source` may run, else (reason, None). One pass over the tree."
+    """The py gate: (None, code object) when `source` may run, else (reason, None). One pass over the tree.
+    A MemoryError propagates: in a worker it is a resource limit, not a verdict on the source."""
     if len(source) > limits.max_source_chars:
         return f"source too long: {len(source)} chars > {limits.max_source_chars}", None
     try:
         tree = ast.parse(source, "<candidate>", "exec")
-    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
+    except RecursionError:
+        return _TOO_DEEP, None
+    except (SyntaxError, ValueError, OverflowError) as e:
         return f"not valid Python: {type(e).__name__}: {str(e)[:200]}", None
     api = _API_NAMES or geometry.allowed_names()
     bound, loads = set(), []                      # names the program binds / reads
@@ -194,7 +218,9 @@ def _gate_compile(source: str, limits: Limits) -> tuple:
                     "math names and names the program defines"), None
     try:
         return None, compile(tree, "<candidate>", "exec")
-    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as e:
+    except RecursionError:
+        return _TOO_DEEP, None
+    except (SyntaxError, ValueError, OverflowError) as e:
         return f"not valid Python: {type(e).__name__}: {str(e)[:200]}", None
 
 _API_NAMES = geometry.allowed_names()
@@ -206,30 +232,84 @@ def _gate_py(source: str, limits: Limits) -> str | None:
 
 # %% ../nbs/03_evaluator.ipynb #330f9c84
 def _precheck(source, limits: Limits) -> str | None:
-    "The cheap checks done in the parent for every candidate: type, size, NUL bytes."
+    "The cheap checks done in the parent for every candidate: type, size, NUL bytes, encodable text."
     if not isinstance(source, str): return f"source must be a str, got {type(source).__name__}"
     if len(source) > limits.max_source_chars:
         return f"source too long: {len(source)} chars > {limits.max_source_chars}"
     if "\x00" in source: return "source contains a NUL byte"
+    return _not_text(source)
+
+def _not_text(source: str) -> str | None:
+    "None when `source` is valid Unicode text; a lone surrogate (which UTF-8 cannot encode) is not."
+    if source.isascii():
+        return None
+    try:
+        source.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"source is not valid Unicode text: lone surrogate {source[e.start]!r} at index {e.start}"
     return None
 
 def check_source(source, representation: str = "py", limits: Limits | None = None) -> str | None:
-    """The AST gate (and, for `svg`, the safe SVG parser). Returns None when `source` may be
-    executed, else the reason it is rejected. Unknown `representation` raises ValueError."""
+    """The AST gate (and, for `svg`, the safe SVG parser, then the gate on its translation).
+    Returns None when `source` may be executed, else the reason it is rejected (the same text
+    `evaluate` reports). Unknown `representation` raises ValueError."""
     if representation not in REPRESENTATIONS:
         raise ValueError(f"unknown representation {representation!r}; accepted: {REPRESENTATIONS}")
     limits = limits or Limits(timeout_s=1.0)
     reason = _precheck(source, limits)
-    if reason is not None: return reason
-    if representation == "svg":
-        try: parse_svg(source, limits=limits)
-        except SvgRejected as e: return str(e)
-        return None
-    return _gate_py(source, limits)
+    if reason is None and representation == "svg":
+        try:
+            source = svg_to_program(source, None, limits)
+        except SvgRejected as e:
+            reason = str(e)
+        limits = _program_limits(source, limits)
+    if reason is None:
+        reason = _gate_py(source, limits)
+    return None if reason is None else clean_reason(reason)
 
-# %% ../nbs/03_evaluator.ipynb #17be09e7
+# %% ../nbs/03_evaluator.ipynb #a1c0de07
 class SvgRejected(ValueError): "The SVG source is not in the accepted subset."
 
+_NUMBER_CHARS = 32      # longest number token accepted (repr of any float needs at most 24)
+_NUM = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"   # one way to split any digit run
+_NUM_RE = re.compile(_NUM)
+_TOKEN_RE = re.compile(r"([A-Za-z])|(" + _NUM + r")|[ \t\r\n,]+|(.)", re.S)
+
+def _clip(text: str, n: int = 24) -> str:
+    "repr of the first `n` characters of `text` (an ellipsis marks the cut)."
+    return repr(text[:n]) + ("…" if len(text) > n else "")
+
+def _svg_float(token: str, what: str) -> float:
+    "One number token -> finite float; SvgRejected when too long, not a plain number, or not finite."
+    if len(token) > _NUMBER_CHARS or not _NUM_RE.fullmatch(token):
+        raise SvgRejected(f"{what}: {_clip(token)} is not a plain number (um, at most {_NUMBER_CHARS} characters)")
+    x = float(token)
+    if not math.isfinite(x):
+        raise SvgRejected(f"{what}: {token!r} is not finite")
+    return x
+
+def _svg_numbers(text: str, what: str) -> list:
+    "Command letters (str) and numbers (float) of a points / path `d` / viewBox attribute, in one linear pass."
+    out = []
+    for m in _TOKEN_RE.finditer(text):
+        letter, number, other = m.groups()
+        if other is not None:
+            raise SvgRejected(f"{what}: unexpected character {other!r} at index {m.start()}")
+        if letter is not None:
+            out.append(letter)
+        elif number is not None:
+            out.append(_svg_float(number, what))
+    return out
+
+def _out_of_bound(args, bound: float):
+    "The first number in a shape's args (floats, or sequences of (x, y) pairs) not finite and within ±bound; else None."
+    for a in args:
+        for v in (itertools.chain.from_iterable(a) if isinstance(a, (list, tuple)) else (a,)):
+            if not abs(v) <= bound:               # NaN fails this too
+                return v
+    return None
+
+# %% ../nbs/03_evaluator.ipynb #17be09e7
 _SVG_ATTRS = {
     "svg": {"xmlns", "viewBox", "width", "height", "version"},
     "g": {"id", "fill", "stroke"},
@@ -238,26 +318,22 @@ _SVG_ATTRS = {
     "polygon": {"points", "fill", "stroke", "id"},
     "path": {"d", "stroke-width", "fill", "stroke", "id"},
 }
-_NUM_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _WHITE = {"white", "#fff", "#ffffff"}
 
-def _svg_num(el, attrs, name, default=None):
+def _svg_num(el, attrs, name, default=None, nonneg=False):
+    "Attribute `name` of element `el` as a float (an optional 'um' suffix); `default` when absent."
     v = attrs.get(name)
     if v is None:
-        if default is None: raise SvgRejected(f"<{el}> needs attribute {name!r}")
+        if default is None:
+            raise SvgRejected(f"<{el}> needs attribute {name!r}")
         return default
     v = v.strip()
-    if v.endswith("um"): v = v[:-2].strip()
-    if not _NUM_RE.fullmatch(v): raise SvgRejected(f"<{el} {name}={v!r}>: a plain number (um) is expected")
-    x = float(v)
-    if not math.isfinite(x): raise SvgRejected(f"<{el} {name}={v!r}>: not finite")
+    if v.endswith("um"):
+        v = v[:-2].strip()
+    x = _svg_float(v, f"<{el} {name}>")
+    if nonneg and x < 0:
+        raise SvgRejected(f"<{el} {name}={v}>: a size must be >= 0 um")
     return x
-
-def _svg_numbers(text, what):
-    toks = re.findall(r"[A-Za-z]|" + _NUM_RE.pattern, text)
-    rest = re.sub(r"[A-Za-z]|" + _NUM_RE.pattern, "", text)
-    if rest.strip(" ,\t\r\n"): raise SvgRejected(f"{what}: unexpected characters {rest.strip()[:20]!r}")
-    return toks
 
 def _svg_path_d(d):
     "Polylines (lists of (x, y) in SVG coordinates) of a path `d` using M/L/H/V/Z (abs. or rel.)."
@@ -266,7 +342,7 @@ def _svg_path_d(d):
     x = y = 0.0
     while i < len(toks):
         t = toks[i]
-        if t.isalpha():
+        if isinstance(t, str):
             if t not in "MmLlHhVvZz": raise SvgRejected(f"path command {t!r} not supported (M L H V Z only)")
             cmd = t; i += 1
             if cmd in "Zz":
@@ -276,8 +352,9 @@ def _svg_path_d(d):
         if cmd is None: raise SvgRejected("path data must start with M")
         need = 2 if cmd in "MmLl" else 1
         vals = toks[i:i + need]
-        if len(vals) < need or any(v.isalpha() for v in vals): raise SvgRejected(f"path command {cmd!r}: missing numbers")
-        vals = [float(v) for v in vals]; i += need
+        if len(vals) < need or any(isinstance(v, str) for v in vals):
+            raise SvgRejected(f"path command {cmd!r}: missing numbers")
+        i += need
         rel = cmd.islower()
         if cmd in "Mm":
             if cur: polys.append(cur)
@@ -297,7 +374,9 @@ def parse_svg(source: str, footprint_um=None, limits: Limits | None = None) -> l
     Without `footprint_um` the viewBox height is used for the y flip (structure check only)."""
     import xml.parsers.expat as expat
     limits = limits or Limits(timeout_s=1.0)
-    if len(source) > limits.max_source_chars: raise SvgRejected(f"source too long: {len(source)} chars")
+    reason = _precheck(source, limits)
+    if reason is not None:
+        raise SvgRejected(reason)
     p = expat.ParserCreate()
     elems, stack, texts = [], [], []
     def reject(what):
@@ -333,52 +412,88 @@ def parse_svg(source: str, footprint_um=None, limits: Limits | None = None) -> l
     root = elems[0][1]
     vb = None
     if "viewBox" in root:
-        vb = [float(v) for v in _svg_numbers(root["viewBox"], "viewBox") if not v.isalpha()]
+        vb = [v for v in _svg_numbers(root["viewBox"], "viewBox") if not isinstance(v, str)]
         if len(vb) != 4 or vb[0] != 0 or vb[1] != 0 or not (vb[2] > 0 and vb[3] > 0):
-            raise SvgRejected(f"viewBox must be '0 0 W H' (the footprint in um), got {root['viewBox']!r}")
+            raise SvgRejected(f"viewBox must be '0 0 W H' (the footprint in um), got {_clip(root['viewBox'], 60)}")
     if footprint_um is not None and vb is not None:
         W, H = footprint_um
         if abs(vb[2] - W) > 1e-6 * max(1.0, W) or abs(vb[3] - H) > 1e-6 * max(1.0, H):
-            raise SvgRejected(f"viewBox {root['viewBox']!r} does not match the footprint {W:g} x {H:g} um")
+            raise SvgRejected(f"viewBox {_clip(root['viewBox'], 60)} does not match the footprint {W:g} x {H:g} um")
     H = footprint_um[1] if footprint_um is not None else (vb[3] if vb else 0.0)
-    ops, n_points = [], 0
+    ops = _SvgOps(limits)
     for name, a, parent_fills in elems[1:]:
-        if name == "g": continue
-        fill = (a.get("fill") or next((f for f in reversed(parent_fills) if f), None) or "black").strip().lower()
+        if name != "g":
+            fill = (a.get("fill") or next((f for f in reversed(parent_fills) if f), None) or "black").strip().lower()
+            ops.add_element(name, a, fill, H)
+    return ops.ops
+
+class _SvgOps:
+    """The ops of an SVG's elements, counted as the sandbox counts a program's drawing: calls
+    (each `cut` is one more) against `max_shapes`, polygon/path vertices against `max_points`,
+    and every number — after the y flip and relative-path sums — finite and within
+    `coord_bound_um`, so that what the parser accepts also runs."""
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.ops = []
+        self.calls = 0
+        self.vertices = 0
+
+    def add_element(self, name: str, a: dict, fill: str, H: float):
         is_cut = fill in _WHITE
         if name == "rect":
             x, y = _svg_num(name, a, "x", 0.0), _svg_num(name, a, "y", 0.0)
-            w, h = _svg_num(name, a, "width"), _svg_num(name, a, "height")
+            w, h = _svg_num(name, a, "width", nonneg=True), _svg_num(name, a, "height", nonneg=True)
             if fill == "none":
-                sw = _svg_num(name, a, "stroke-width", 1.0)
+                sw = _svg_num(name, a, "stroke-width", 1.0, nonneg=True)
                 pts = [(x, H - y), (x + w, H - y), (x + w, H - y - h), (x, H - y - h), (x, H - y)]
-                ops.append(("path", (pts, sw), False))
-            else: ops.append(("rect", (x, H - y - h, w, h), is_cut))
+                self.add("path", (pts, sw), False)
+            else:
+                self.add("rect", (x, H - y - h, w, h), is_cut)
         elif name == "circle":
-            cx, cy, r = _svg_num(name, a, "cx"), _svg_num(name, a, "cy"), _svg_num(name, a, "r")
-            if fill == "none": ops.append(("ring", (cx, H - cy, r, _svg_num(name, a, "stroke-width", 1.0)), False))
-            else: ops.append(("circle", (cx, H - cy, r), is_cut))
+            cx, cy, r = _svg_num(name, a, "cx"), _svg_num(name, a, "cy"), _svg_num(name, a, "r", nonneg=True)
+            if fill == "none":
+                self.add("ring", (cx, H - cy, r, _svg_num(name, a, "stroke-width", 1.0, nonneg=True)), False)
+            else:
+                self.add("circle", (cx, H - cy, r), is_cut)
         elif name == "polygon":
-            nums = [float(v) for v in _svg_numbers(a.get("points", ""), "polygon points") if not v.isalpha()]
-            if len(nums) < 6 or len(nums) % 2: raise SvgRejected("polygon points must be >= 3 x,y pairs")
-            pts = [(nums[i], H - nums[i + 1]) for i in range(0, len(nums), 2)]
-            n_points += len(pts); ops.append(("polygon", (pts,), is_cut))
+            nums = [v for v in _svg_numbers(a.get("points", ""), "polygon points") if not isinstance(v, str)]
+            if len(nums) < 6 or len(nums) % 2:
+                raise SvgRejected("polygon points must be >= 3 x,y pairs")
+            self.add("polygon", ([(nums[i], H - nums[i + 1]) for i in range(0, len(nums), 2)],), is_cut)
         elif name == "path":
-            sw = _svg_num(name, a, "stroke-width", 1.0)
+            sw = _svg_num(name, a, "stroke-width", 1.0, nonneg=True)
             for poly in _svg_path_d(a.get("d", "")):
-                pts = [(px, H - py) for px, py in poly]
-                n_points += len(pts); ops.append(("path", (pts, sw), is_cut))
-        if n_points > limits.max_points: raise SvgRejected(f"too many vertices (> {limits.max_points})")
-        if len(ops) > limits.max_shapes: raise SvgRejected(f"too many shapes (> {limits.max_shapes})")
-    return ops
+                self.add("path", ([(px, H - py) for px, py in poly], sw), is_cut)
 
-def svg_to_program(source: str, footprint_um, limits: Limits | None = None) -> str:
+    def add(self, kind: str, args: tuple, is_cut: bool):
+        self.calls += 2 if is_cut else 1
+        if self.calls > self.limits.max_shapes:
+            raise SvgRejected(f"too many shapes (> {self.limits.max_shapes} drawing calls, cut() included)")
+        if kind in ("polygon", "path"):
+            self.vertices += len(args[0])
+            if self.vertices > self.limits.max_points:
+                raise SvgRejected(f"too many vertices (> {self.limits.max_points})")
+        bad = _out_of_bound(args, self.limits.coord_bound_um)
+        if bad is not None:
+            raise SvgRejected(f"<{kind}>: coordinate {bad!r} is not finite or exceeds the bound "
+                              f"{self.limits.coord_bound_um:g} um")
+        self.ops.append((kind, args, is_cut))
+
+def svg_to_program(source: str, footprint_um=None, limits: Limits | None = None) -> str:
     "Translate accepted SVG into an equivalent `py` program (numeric literals only)."
     lines = []
     for kind, args, is_cut in parse_svg(source, footprint_um, limits):
         call = f"{kind}({', '.join(repr(a) for a in args)})"
         lines.append(f"cut({call})" if is_cut else call)
     return "\n".join(lines) + "\n"
+
+def _program_limits(program: str, limits: Limits) -> Limits:
+    """Gate limits for a translated program. The parser already bounded it (shapes, vertices,
+    values), so its length and node count may exceed the limits written for hand-typed `py`
+    (a 4,400-point polygon translates to 57,210 characters); every node but a context takes a
+    character, so 2 nodes per character bounds the tree."""
+    return replace(limits, max_source_chars=max(limits.max_source_chars, len(program)),
+                   max_nodes=max(limits.max_nodes, 2 * len(program) + 2))
 
 # %% ../nbs/03_evaluator.ipynb #81b8e40a
 class _ShapeCap(Exception): pass
@@ -390,9 +505,10 @@ _STATUS_OF = {v: k for k, v in _CODE.items()}
 _MAGIC = b"PXR1"
 _HEADER = struct.Struct("<4sBIHHBH")   # magic, status, n_shapes, ny, nx, has_mask, reason_len
 _SETUP_FAILED = 70                      # child exit code: sandbox setup failed (infrastructure)
+_FRESH_WORKER = 73                      # child exit code: re-run my current job alone in a fresh worker
 
 def _pack_record(status, n_shapes, reason, mask=None, shape=(0, 0)) -> bytes:
-    r = str(reason).encode("utf-8", "replace")[:1000]
+    r = clean_reason(reason).encode("utf-8", "replace")     # at most 4 * REASON_CHARS bytes
     bits = np.packbits(mask, axis=None).tobytes() if mask is not None else b""
     ny, nx = mask.shape if mask is not None else shape
     return _HEADER.pack(_MAGIC, _CODE[status], min(int(n_shapes), 2**32 - 1), ny, nx, mask is not None, len(r)) + r + bits
@@ -420,62 +536,114 @@ def _unpack_record(buf: bytes, shape):
     st, n, reason, bits = _split_record(buf, shape)
     return st, n, reason, (_unpack_bits(bits, shape) if bits is not None else None)
 
-# %% ../nbs/03_evaluator.ipynb #37c748e5
-def _flat_numbers(x, depth=0):
-    "Yield every number inside the (nested list/tuple) arguments of a drawing call."
-    if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool):
-        yield x
-    elif isinstance(x, (list, tuple)) and depth < 4:
-        for v in x: yield from _flat_numbers(v, depth + 1)
+# %% ../nbs/03_evaluator.ipynb #a1c0de12
+class _DrawBudget:
+    """What one program has drawn, checked at every drawing call: calls (`cut` included) against
+    `max_shapes`, polygon/path vertices against `max_points`, and every number of the shape
+    geometry built against `coord_bound_um`."""
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.calls = 0
+        self.vertices = 0
 
-def _sandbox_namespace(scene, limits: Limits) -> dict:
-    """Globals for an untrusted program: the drawing API bound to `scene` (wrapped: shape and
-    vertex caps, finite and bounded numbers), the safe builtins and the math names."""
+    def wrap(self, name: str, fn):
+        "The drawing function `fn` with this budget checked around it (named `name`, nothing internal)."
+        def call(*args, **kwargs):
+            self.count_call()
+            if name in ("polygon", "path"):
+                args, kwargs = self.bounded_points(args, kwargs)
+            drawn = fn(*args, **kwargs)
+            if name != "cut":
+                self.check_drawn(name, drawn)
+            return drawn
+        call.__name__ = call.__qualname__ = name
+        return call
+
+    def count_call(self):
+        self.calls += 1
+        if self.calls > self.limits.max_shapes:
+            raise _ShapeCap(f"more than {self.limits.max_shapes} drawing calls (cut() included)")
+
+    def bounded_points(self, args: tuple, kwargs: dict) -> tuple:
+        "(args, kwargs) with the points argument materialised, at most one vertex past the budget."
+        if args:
+            return (self.bounded(args[0]), *args[1:]), kwargs
+        if "points" in kwargs:
+            return args, {**kwargs, "points": self.bounded(kwargs["points"])}
+        return args, kwargs
+
+    def bounded(self, points):
+        room = self.limits.max_points - self.vertices
+        if not isinstance(points, (list, tuple)):
+            try:
+                it = iter(points)
+            except TypeError:
+                return points                     # not iterable: geometry names the error
+            points = list(itertools.islice(it, room + 1))
+        if len(points) > room:
+            raise _ShapeCap(f"more than {self.limits.max_points} vertices")
+        return points
+
+    def check_drawn(self, name: str, shape):
+        "Count the vertices of the geometry built and check its every number against the bound."
+        if name in ("polygon", "path"):
+            self.vertices += len(shape.args[0])
+        bad = _out_of_bound(shape.args, self.limits.coord_bound_um)
+        if bad is not None:
+            raise _BadCoordinate(f"{name}(): {bad:g} is outside ±{self.limits.coord_bound_um:g} um")
+
+# %% ../nbs/03_evaluator.ipynb #37c748e5
+def _sandbox_namespace(scene, budget: _DrawBudget) -> dict:
+    """Globals for an untrusted program: the drawing API bound to `scene` (wrapped by `budget`),
+    the safe builtins and the math names."""
     import builtins
     api = geometry.drawing_namespace(scene)
-    count = {"shapes": 0, "points": 0}
-    bound = limits.coord_bound_um
-    def wrap(name, fn):
-        def call(*args, **kwargs):
-            if name != "cut":
-                count["shapes"] += 1
-                if count["shapes"] > limits.max_shapes:
-                    raise _ShapeCap(f"more than {limits.max_shapes} shapes")
-            for v in _flat_numbers((*args, *kwargs.values())):   # depth: call args > point list > pair
-                count["points"] += 1
-                if count["points"] > 2 * limits.max_points + 8 * limits.max_shapes:
-                    raise _ShapeCap(f"more than {limits.max_points} vertices")
-                try: f = float(v)
-                except OverflowError: raise _BadCoordinate(f"{name}(): number too large") from None
-                if not math.isfinite(f): raise _BadCoordinate(f"{name}(): non-finite number {f!r}")
-                if abs(f) > bound: raise _BadCoordinate(f"{name}(): |{f:g}| exceeds the bound {bound:g} um")
-            return fn(*args, **kwargs)
-        call.__name__ = name
-        return call
-    ns = {name: wrap(name, fn) for name, fn in api.items() if name in geometry.API_REGISTRY}
+    ns = {name: budget.wrap(name, fn) for name, fn in api.items() if name in geometry.API_REGISTRY}
     ns.update({k: v for k, v in api.items() if k not in geometry.API_REGISTRY and not k.startswith("_")})
     ns["__builtins__"] = {n: getattr(builtins, n) for n in geometry.SAFE_BUILTINS}
     for n in geometry.MATH_NAMES:
         if n not in ns: ns[n] = getattr(math, n)
-    ns["__counts__"] = count
     return ns
+
+_GATE_RECURSION = 1000   # CPython's default: the worker gates at the depth budget a parent's check_source has
+
+def _compile_in_worker(source: str, limits: Limits, trusted_builtins: bool) -> tuple:
+    "(reason, code): the gate, or (TEST-ONLY `trusted_builtins`) a plain compile."
+    if not trusted_builtins:
+        program_limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(_GATE_RECURSION)
+        try:
+            return _gate_compile(source, limits)
+        finally:
+            sys.setrecursionlimit(program_limit)
+    try:
+        return None, compile(source, "<candidate>", "exec")
+    except (SyntaxError, ValueError, RecursionError, OverflowError) as e:
+        return f"not valid Python: {type(e).__name__}", None
 
 def _execute(source: str, footprint_um, shape, limits: Limits, trusted_builtins: bool = False):
     """Gate, run and rasterise one program (inside the worker, after the sandbox is set up).
-    Returns (status, n_shapes, reason, mask|None). `trusted_builtins` (tests only) skips the gate."""
-    if trusted_builtins:
-        try: code = compile(source, "<candidate>", "exec")
-        except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as e:
-            return Status.SOURCE_REJECTED, 0, f"not valid Python: {type(e).__name__}", None
-    else:
-        reason, code = _gate_compile(source, limits)
-        if reason is not None: return Status.SOURCE_REJECTED, 0, reason, None
+    Returns (status, n_shapes, reason, mask|None). `trusted_builtins` (tests only) skips the gate.
+    The namespace is cleared afterwards: a function the program defined holds it in a reference
+    cycle (`fn.__globals__`), which would keep the program's memory alive into the next job."""
+    try:
+        reason, code = _compile_in_worker(source, limits, trusted_builtins)
+    except MemoryError:                           # a limit hit (perhaps another job's leftovers), not a verdict
+        return Status.RESOURCE_LIMIT, 0, "memory limit while parsing (MemoryError)", None
+    if reason is not None:
+        return Status.SOURCE_REJECTED, 0, reason, None
     scene = geometry.Scene()
-    ns = _sandbox_namespace(scene, limits)
-    count = ns.pop("__counts__")
+    ns = _sandbox_namespace(scene, _DrawBudget(limits))
     if trusted_builtins:                       # TEST-ONLY path (_sandbox_run_ungated): the real builtins
         import builtins
         ns["__builtins__"] = builtins
+    try:
+        return _run_program(code, ns, scene, footprint_um, shape, limits)
+    finally:
+        ns.clear()
+
+def _run_program(code, ns: dict, scene, footprint_um, shape, limits: Limits) -> tuple:
+    "exec + rasterise; the program's own exceptions (and limit hits) become statuses."
     try:
         exec(code, ns)
         mask = geometry.rasterize(scene, geometry.Grid(tuple(footprint_um), tuple(shape)), max_shapes=limits.max_shapes)
@@ -486,7 +654,7 @@ def _execute(source: str, footprint_um, shape, limits: Limits, trusted_builtins:
     except MemoryError: return Status.RESOURCE_LIMIT, len(scene), "memory limit (MemoryError)", None
     except RecursionError: return Status.RESOURCE_LIMIT, len(scene), "recursion limit", None
     except BaseException as e:   # the candidate's own error (SystemExit/KeyboardInterrupt included)
-        return Status.RUNTIME_ERROR, len(scene), f"{type(e).__name__}: {str(e)[:300]}", None
+        return Status.RUNTIME_ERROR, len(scene), f"{type(e).__name__}: {str(e)[:REASON_CHARS]}", None
     return Status.OK, len(scene), "", mask
 
 # %% ../nbs/03_evaluator.ipynb #f1e3cfb4
@@ -517,12 +685,15 @@ def _vm_hwm_kb() -> int | None:
 def _vm_bytes() -> int:
     with open("/proc/self/statm") as f: return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
-def _child_setup(wfd: int, limits: Limits, isolation: bool, vm_baseline: int, workdir: str, cpu_budget: int = 0):
-    "Sandbox the freshly forked worker (runs before any candidate code)."
+def _child_setup(wfd: int, limits: Limits, isolation: bool, workdir: str, cpu_budget: int = 0):
+    """Sandbox the freshly forked worker (runs before any candidate code). `RLIMIT_AS` is this
+    worker's own size at fork + `memory_mb`: a fork server that grew over a large batch does not
+    shrink the next candidate's budget."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2): os.dup2(devnull, fd)
     os.dup2(wfd, 3)
     os.closerange(4, 1 << 16)
+    vm_baseline = _vm_bytes()                       # before chroot: /proc is outside it
     if isolation: _enter_isolation()
     os.chdir(workdir)
     if os.geteuid() == 0 or isolation:              # an empty, unwritable root: no file is reachable
@@ -547,33 +718,50 @@ def _child_setup(wfd: int, limits: Limits, isolation: bool, vm_baseline: int, wo
     if os.getppid() == 1: os._exit(_SETUP_FAILED)  # the server already died
     sys.setrecursionlimit(400)
 
-def _child_main(jobs, wfd, vm_baseline, workdir):
+# %% ../nbs/03_evaluator.ipynb #a1c0de15
+def _run_job(job) -> tuple:
+    "(status, record) of one job in a set-up worker; raises only for the worker's own faults."
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    used = int(used.ru_utime + used.ru_stime)
+    soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    resource.setrlimit(resource.RLIMIT_CPU, (min(hard, used + job["limits"].cpu_s), hard))
+    status, n, reason, mask = _execute(job["source"], job["footprint"], job["shape"], job["limits"],
+                                       job.get("ungated", False))
+    return status, _pack_record(status, n, reason, mask, job["shape"])
+
+def _write_record(rec: bytes):
+    try:
+        view = memoryview(rec)
+        while view:
+            view = view[os.write(3, view):]
+    except BaseException:
+        os._exit(72)
+
+def _child_main(jobs, wfd, workdir):
     """Body of a forked worker: runs `jobs` (a small batch) one after another, writing one record
     per job; exits after the batch or right after a limit hit (the server re-queues the rest).
     Never returns."""
     lim = jobs[0]["limits"]
     try:
-        _child_setup(wfd, lim, jobs[0]["isolation"], vm_baseline, workdir, cpu_budget=len(jobs) * lim.cpu_s)
+        _child_setup(wfd, lim, jobs[0]["isolation"], workdir, cpu_budget=len(jobs) * lim.cpu_s)
     except BaseException:
         os._exit(_SETUP_FAILED)
-    for job in jobs:
+    for k, job in enumerate(jobs):
+        if k > 0:
+            gc.collect()                          # the previous job's reference cycles die here
         try:
-            used = resource.getrusage(resource.RUSAGE_SELF)
-            used = int(used.ru_utime + used.ru_stime)
-            soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
-            resource.setrlimit(resource.RLIMIT_CPU, (min(hard, used + job["limits"].cpu_s), hard))
-            status, n, reason, mask = _execute(job["source"], job["footprint"], job["shape"], job["limits"],
-                                               job.get("ungated", False))
-            rec = _pack_record(status, n, reason, mask, job["shape"])
-        except BaseException as e:
+            status, rec = _run_job(job)
+        except BaseException as e:                # the worker's own fault ...
+            if k > 0:
+                os._exit(_FRESH_WORKER)           # ... or state a previous job left: the server re-runs it alone
             status = Status.RESOURCE_LIMIT if isinstance(e, MemoryError) else Status.RUNTIME_ERROR
-            try: rec = _pack_record(status, 0, f"worker error: {type(e).__name__}", None, job["shape"])
-            except BaseException: os._exit(71)
-        try:
-            view = memoryview(rec)
-            while view: view = view[os.write(3, view):]
-        except BaseException: os._exit(72)
-        if status in (Status.RESOURCE_LIMIT, Status.TIMEOUT): break     # recycle the worker after a limit hit
+            try:
+                rec = _pack_record(status, 0, f"worker error: {type(e).__name__}", None, job["shape"])
+            except BaseException:
+                os._exit(71)
+        _write_record(rec)
+        if status in (Status.RESOURCE_LIMIT, Status.TIMEOUT):
+            break                                 # recycle the worker after a limit hit
     os._exit(0)
 
 # %% ../nbs/03_evaluator.ipynb #daf186f0
@@ -593,12 +781,16 @@ def _take_frames(buf: bytearray) -> list:
 
 _WARMUP_PROGRAM = ("pts = [(1, 1), (9, 1), (5, 9)]\nfor i in range(2):\n    rect(1 + i, 1, 3, 2)\n"
                    "circle(5, 5, 2)\nring(5, 5, 3, 1)\npolygon(pts)\npath([(0, 0), (10, 10)], 1)\n"
-                   "cut(circle(5, 5, 1))\nx = sqrt(2) + sin(pi) + cos(0) + abs(-1) + round(1.5) + int(2.0) + float(1)\n")
+                   "polygon(zip([1, 9, 5], [1, 1, 9]))\n"
+                   "cut(circle(5, 5, 1))\nx = sqrt(2) + sin(pi) + cos(0) + abs(-1) + round(1.5) + int(2.0) + float(1)\n"
+                   "\u03b8 = 0.5\n\uff52\uff45\uff43\uff54(1, 1, 1 + sin(\u03b8), 1)\n")   # NFKC: imports unicodedata
 
 def _warmup():
-    "Exercise every code path a worker needs, so that no lazy import happens after RLIMIT_NOFILE."
+    """Exercise every code path a worker needs, so that no lazy import happens after RLIMIT_NOFILE
+    (a non-ASCII identifier makes the parser import `unicodedata` for NFKC normalisation)."""
     lim = Limits(timeout_s=5.0)
-    for src in (_WARMUP_PROGRAM, "rect(0, 0, 1, nan_)", "rect(0, 0, 1, 1e300 * 1e300)", "x = 1 / 0", "rect(1,"):
+    for src in (_WARMUP_PROGRAM, "rect(0, 0, 1, nan_)", "rect(0, 0, 1, 1e300 * 1e300)", "x = 1 / 0", "rect(1,",
+                "assert False, rect", "rect(0, 0, 1, 1e7)", "\uff4f\uff50\uff45\uff4e('x')"):
         st, n, reason, mask = _execute(src, (10.0, 10.0), (16, 16), lim)
         _pack_record(st, n, reason, mask, (16, 16))
     _unpack_record(_pack_record(Status.OK, 1, "", np.ones((16, 16), bool)), (16, 16))
@@ -684,7 +876,7 @@ def _forkserver_main():
             return
         if pid == 0:
             os.close(rfd)
-            _child_main([job for _, job, _ in batch], wfd, vm_baseline, workdir)
+            _child_main([job for _, job, _ in batch], wfd, workdir)
         os.close(wfd)
         stats["forked"] += 1
         w = _Worker()
@@ -705,11 +897,12 @@ def _forkserver_main():
             try: os.kill(w.pid, signal.SIGKILL)
             except ProcessLookupError: pass
 
-    def complete(w, status, n, reason, mask):
-        "Result for the worker's current job; limit hits after other jobs in the same worker are re-run solo."
+    def complete(w, status, n, reason, mask, no_record=False):
+        """Result for the worker's current job. After other jobs ran in the same worker, what inherited
+        state could cause (a limit hit, a worker that ended without a record) is re-run solo instead."""
         jid, job, solo = w.jobs[w.idx]
         now = time.monotonic()
-        if status in (TIMEOUT, RESOURCE_LIMIT) and w.idx > 0:
+        if w.idx > 0 and (no_record or status in (TIMEOUT, RESOURCE_LIMIT)):
             queue.appendleft((jid, job, True)); stats["rerun_solo"] += 1
         else:
             respond(jid, status, n, reason, mask, now - w.t0)
@@ -767,7 +960,7 @@ def _forkserver_main():
             if not clean_exit:                  # blame the job it was running ...
                 status, reason = classify(w, st, (ru.ru_utime + ru.ru_stime) if ru is not None else 0.0)
                 if status == INFRA_FAULT: stats["infra"] += 1
-                complete(w, status, 0, reason, None)
+                complete(w, status, 0, reason, None, no_record=True)
             for item in reversed(w.jobs[w.idx:]): queue.appendleft(item)   # ... and re-queue the rest
 
     def shutdown():
@@ -1079,6 +1272,24 @@ def _finish(task, st, n, reason, mask, shape) -> EvalResult:
     m = mask_metrics(mask, cached_target_side(task), mean_axis_scale(task.footprint_um, shape))
     return EvalResult(OK, m["iou"], m["dice"], m["chamfer_um"], m["extra_um"], m["missing_um"], n, "", mask)
 
+def _prepare(k: int, pair, limits: Limits) -> tuple:
+    """(task, program, item limits, reason) of `pairs[k]`: the parent's checks, and an `svg` source
+    translated to its program (held to `_program_limits`); `reason` is None unless rejected here."""
+    if not isinstance(pair, (tuple, list)) or len(pair) not in (2, 3):
+        raise ValueError(f"pairs[{k}] must be (task, source) or (task, source, representation), got {pair!r:.80}")
+    task, source, rep = (*pair, "py") if len(pair) == 2 else pair
+    if rep not in REPRESENTATIONS:
+        raise ValueError(f"pairs[{k}]: unknown representation {rep!r}; accepted: {REPRESENTATIONS}")
+    _check_task(task)
+    reason = _precheck(source, limits)      # the full py gate runs in the worker, before exec
+    if reason is None and rep == "svg":
+        try:
+            source = svg_to_program(source, task.footprint_um, limits)
+        except SvgRejected as e:
+            reason = str(e)
+        limits = _program_limits(source, limits)
+    return task, source, limits, reason
+
 def evaluate_many(pairs, workers: int | None = None, *, limits: Limits | None = None,
                   raise_on_infra: bool = True, dedupe: bool = True) -> list:
     """Evaluate [(task, source)] or [(task, source, representation)] pairs in sandboxed workers;
@@ -1090,24 +1301,17 @@ def evaluate_many(pairs, workers: int | None = None, *, limits: Limits | None = 
     pairs = list(pairs)
     results, items, where, seen = [None] * len(pairs), [], [], {}
     for k, pair in enumerate(pairs):
-        if not isinstance(pair, (tuple, list)) or len(pair) not in (2, 3):
-            raise ValueError(f"pairs[{k}] must be (task, source) or (task, source, representation), got {pair!r:.80}")
-        task, source, rep = (*pair, "py") if len(pair) == 2 else pair
-        if rep not in REPRESENTATIONS:
-            raise ValueError(f"pairs[{k}]: unknown representation {rep!r}; accepted: {REPRESENTATIONS}")
-        shape = _check_task(task)
-        reason = _precheck(source, limits)      # the full py gate runs in the worker, before exec
-        if reason is None and rep == "svg":
-            try: source = svg_to_program(source, task.footprint_um, limits)
-            except SvgRejected as e: reason = str(e)
+        task, source, item_limits, reason = _prepare(k, pair, limits)
         if reason is not None:
             results[k] = EvalResult(SOURCE_REJECTED, reason=reason)
             continue
-        key = (task.target_image_sha256, tuple(task.footprint_um), source) if dedupe else k
+        key = (task.target_image_sha256, tuple(task.footprint_um), source, item_limits) if dedupe else k
         if key in seen:
-            where[seen[key]].append(k); continue
+            where[seen[key]].append(k)
+            continue
         seen[key] = len(items)
-        items.append((source, task.footprint_um, shape, limits)); where.append([k])
+        items.append((source, task.footprint_um, _cal_shape(), item_limits))
+        where.append([k])
     if items:
         for ks, (st, n, reason, mask, _) in zip(where, _run_sandboxed(items, workers)):
             task = pairs[ks[0]][0]

@@ -6,6 +6,7 @@ Every attack must end in a clear non-OK status; afterwards no file exists that a
 create, no worker process survives, and the evaluator still scores a normal program correctly."""
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -79,6 +80,21 @@ ATTACKS = [
     ("huge-int-coordinate", "rect(10**400, 0, 10, 10)", {"RUNTIME_ERROR"}),
     ("type-confusion", "rect('a', 0, 1, 1)", {"RUNTIME_ERROR"}),
     ("slow-legal-at-limit", "x = 0\nfor i in range(10**9):\n    x = x + i\nrect(0, 0, 10, 10)", {"TIMEOUT"}),
+    # red-team round 2: caps and bounds must see what is drawn, whatever iterable it came from
+    ("zip-past-coordinate-bound", "polygon(zip([0, 5e8, 0], [0, 0, 5e8]))", {"RUNTIME_ERROR"}),
+    ("range-point-past-bound", "polygon([range(10**8, 10**8 + 2), (0, 0), (0, 5)])", {"RUNTIME_ERROR"}),
+    ("generator-vertices", "for k in range(3):\n    polygon((i % 50, i % 7) for i in range(100000))", {"RESOURCE_LIMIT"}),
+    ("list-vertices-past-cap", "for k in range(2):\n    polygon([(i % 50, i % 7) for i in range(12000)])", {"RESOURCE_LIMIT"}),
+    ("cut-spam", "c = circle(1, 1, 1)\nfor i in range(10**6):\n    cut(c)", {"RESOURCE_LIMIT"}),
+    # ... reasons must not leak addresses or internal names, and stay short
+    ("repr-leak-function", "assert False, rect", {"RUNTIME_ERROR"}),
+    ("repr-leak-lambda", "assert False, (lambda: 0)", {"RUNTIME_ERROR"}),
+    ("long-reason", "assert False, 'x' * 10**5", {"RUNTIME_ERROR"}),
+    ("long-name-reason", "x = " + "a" * 5000, {"SOURCE_REJECTED"}),
+    # ... NFKC-confusable identifiers are the names they normalise to; lone surrogates are not text
+    ("fullwidth-open", "\uff4f\uff50\uff45\uff4e('/tmp/%s', 'w').write('x')" % MARK, {"SOURCE_REJECTED"}),
+    ("fullwidth-dunder", "x = ().\uff3f\uff3fclass\uff3f\uff3f", {"SOURCE_REJECTED"}),
+    ("lone-surrogate", "s = '\ud800'\nrect(0, 0, 1, 1)", {"SOURCE_REJECTED"}),
 ]
 
 
@@ -102,6 +118,13 @@ def test_attack_is_stopped(attack_results, k):
     assert not r.ok and r.status.value in accepted, (name, r.status, r.reason)
     assert r.reason, name                                    # a clear reason, always
     json.loads(r.to_json())                                  # strict JSON
+    assert_clean_reason(r.reason)
+
+
+def assert_clean_reason(reason):
+    "Reasons are short and name no memory address or evaluator internal."
+    assert len(reason) <= 300, (len(reason), reason[:80])
+    assert not re.search(r"0x[0-9a-fA-F]{4,}|<locals>|_sandbox|pixrl\.|__counts__", reason), reason
 
 
 def test_gate_rejections_never_run(attack_results):
@@ -110,6 +133,15 @@ def test_gate_rejections_never_run(attack_results):
     assert len(gated) >= 25 and all(r.n_shapes == 0 and r.mask is None for r in gated)
     assert ev.check_source(ATTACKS[0][1]) is not None      # the same verdicts from the public gate
     assert all(ev.check_source(src) is not None for _, src, acc in ATTACKS if acc == {"SOURCE_REJECTED"})
+
+
+def test_gate_verdict_is_the_same_everywhere(attack_results):
+    "Whatever check_source rejects, evaluate rejects with the same reason (and nothing else is rejected)."
+    for (name, src, _), r in zip(ATTACKS, attack_results):
+        reason = ev.check_source(src, limits=LIM)
+        assert (reason is not None) == (r.status == Status.SOURCE_REJECTED), (name, reason, r.status, r.reason)
+        if reason is not None:
+            assert r.reason == reason, (name, reason, r.reason)
 
 
 # ---- the sandbox layer on its own: no gate, the real builtins -------------------------------
@@ -231,3 +263,175 @@ def test_worker_killed_from_outside_is_retried():
     assert killed is not None
     assert out["r"].ok, out["r"]
     assert ev.server_stats().get("infra", 0) == infra_before + 1
+
+
+# ---- red-team round 2: the svg parser, batch independence, honest non-ASCII programs ---------
+SVG_HEAD = '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 100 80">'
+DIGITS = "1" * 19880
+SVG_ATTACKS = [   # (name, source, accepted statuses) through evaluate_many, representation "svg"
+    ("redos-rect-number", SVG_HEAD + f'<rect x="{DIGITS}x" y="0" width="1" height="1"/></svg>', {"SOURCE_REJECTED"}),
+    ("redos-points", SVG_HEAD + f'<polygon points="0,0 {DIGITS}x 5,5"/></svg>', {"SOURCE_REJECTED"}),
+    ("lone-surrogate-attribute", SVG_HEAD + '<rect x="1" y="1" width="9" height="9" id="\ud800"/></svg>', {"SOURCE_REJECTED"}),
+    ("lone-surrogate-text", SVG_HEAD + '<rect x="1" y="1" width="9" height="9"/>\udfff</svg>', {"SOURCE_REJECTED"}),
+    ("inf-in-points", SVG_HEAD + '<polygon points="0,0 1e999,0 0,10"/></svg>', {"SOURCE_REJECTED"}),
+    ("relative-path-overflow", SVG_HEAD + '<path d="M 0 0 l 1e308 0 l 1e308 0" stroke-width="1"/></svg>', {"SOURCE_REJECTED"}),
+    ("y-minus-h-overflow", SVG_HEAD + '<rect x="0" y="1.7e308" width="1" height="1.7e308"/></svg>', {"SOURCE_REJECTED"}),
+    ("past-coordinate-bound", SVG_HEAD + '<circle cx="5e8" cy="0" r="1"/></svg>', {"SOURCE_REJECTED"}),
+    ("negative-size", SVG_HEAD + '<rect x="0" y="0" width="-5" height="5"/></svg>', {"SOURCE_REJECTED"}),
+]
+
+
+@pytest.fixture(scope="module")
+def svg_attack_results():
+    return ev.evaluate_many([(TASK, src, "svg") for _, src, _ in SVG_ATTACKS], workers=2, limits=LIM)
+
+
+@pytest.mark.parametrize("k", range(len(SVG_ATTACKS)), ids=[a[0] for a in SVG_ATTACKS])
+def test_svg_attack_is_stopped_with_the_parser_verdict(svg_attack_results, k):
+    name, src, accepted = SVG_ATTACKS[k]
+    r = svg_attack_results[k]
+    assert r.status.value in accepted, (name, r.status, r.reason)
+    assert_clean_reason(r.reason)
+    assert ev.check_source(src, "svg", limits=LIM) == r.reason, name   # one verdict per source
+
+
+def test_svg_parser_is_linear_time():
+    "A 19,880-digit number costs the parent microseconds, not seconds (no backtracking regex)."
+    t0 = time.monotonic()
+    reason = ev.check_source(SVG_ATTACKS[0][1], "svg")
+    assert time.monotonic() - t0 < 0.5 and reason is not None and len(reason) <= 300, reason[:80]
+    t0 = time.monotonic()
+    res = ev.evaluate_many([(TASK, src, "svg") for _, src, _ in SVG_ATTACKS[:2]] * 4, workers=2, limits=LIM)
+    assert time.monotonic() - t0 < 1.0
+    assert all(r.status == Status.SOURCE_REJECTED for r in res)
+
+
+def test_svg_accepted_means_executed():
+    "What the svg parser accepts runs (however long its py translation); what it refuses, evaluate refuses alike."
+    many = " ".join(f"{i % 10},{i // 10 % 10}" for i in range(4400))                 # 4,400 vertices
+    hops = "M 0 0" + " h 0.01 v 0.01" * 1400                                           # 2,801 vertices
+    srcs = [SVG_HEAD + f'<polygon points="{many}"/></svg>', SVG_HEAD + f'<path d="{hops}" stroke-width="1"/></svg>',
+            SVG_HEAD + '<rect x="1e-300" y="0" width="1e6" height="1"/></svg>']
+    res = ev.evaluate_many([(TASK, s, "svg") for s in srcs], workers=2, limits=LIM)
+    for src, r in zip(srcs, res):
+        assert len(src) <= 20000 and ev.check_source(src, "svg") is None
+        assert r.status in (Status.OK, Status.EMPTY), (r.status, r.reason)
+
+
+def test_lone_surrogates_are_statuses():
+    "Any text a model can emit is a status, never an exception that loses the batch's rewards."
+    from pixrl import reward as rw
+    good_svg = SVG_HEAD + '<rect x="10" y="20" width="15" height="50"/></svg>'
+    bad = [SVG_HEAD + '<rect x="1" y="1" width="9" height="9" id="\ud800"/></svg>', SVG_HEAD + "\udc80</svg>"]
+    for src in bad:
+        assert "surrogate" in ev.check_source(src, "svg")
+    assert "surrogate" in ev.check_source("x = 1  # \ud800")
+    res = ev.evaluate_many([(TASK, bad[0], "svg"), (TASK, good_svg, "svg"), (TASK, "x = 1  # \ud800"),
+                            (TASK, "rect(10, 10, 15, 50)")], workers=2, limits=LIM)
+    assert [r.status for r in res] == [Status.SOURCE_REJECTED, Status.OK] * 2, [(r.status, r.reason) for r in res]
+    fn = rw.make_reward_fn({"fixture": TASK})
+    out = fn(prompts=["p"] * 2, completions=[bad[1], good_svg], task_id=["fixture"] * 2, representation=["svg"] * 2)
+    assert out[0] == 0.0 and out[1] > 0.0
+
+
+def test_non_ascii_identifiers_are_honest_python():
+    "Python NFKC-normalises identifiers: `θ` is a name, fullwidth `ｏｐｅｎ` IS `open`; evaluate agrees with check_source."
+    theta = "\u03b8 = 0.5\nrect(10, 10, 15 + sin(\u03b8) - sin(\u03b8), 50)"
+    wide_rect = "\uff52\uff45\uff43\uff54(10, 10, 15, 50)"                            # ｒｅｃｔ -> rect
+    confusables = ["\uff4f\uff50\uff45\uff4e('x.txt', 'w')", "\uff45\uff58\uff45\uff43('1')",
+                   "x = \uff47\uff4c\uff4f\uff42\uff41\uff4c\uff53()", "x = [].\uff3f\uff3fclass\uff3f\uff3f"]
+    res = ev.evaluate_many([(TASK, s) for s in [theta, wide_rect] + confusables], workers=2, limits=LIM)
+    assert ev.check_source(theta) is None and ev.check_source(wide_rect) is None
+    assert res[0].ok and res[1].ok, (res[0].reason, res[1].reason)
+    for src, r in zip(confusables, res[2:]):
+        reason = ev.check_source(src)
+        assert reason is not None and r.status == Status.SOURCE_REJECTED and r.reason == reason, (src, r.reason, reason)
+
+
+def test_caps_count_what_is_drawn():
+    "Vertex and call caps count drawn points and cut() calls, from lists, generators or zip alike."
+    lim = Limits(timeout_s=2.0, max_points=100, max_shapes=10)
+    pts = "[(i % 7, i % 5) for i in range({})]"
+    cases = [(f"polygon({pts.format(60)})\npolygon({pts.format(40)})", Status.OK),
+             (f"polygon({pts.format(60)})\npolygon({pts.format(41)})", Status.RESOURCE_LIMIT),
+             ("polygon((i % 7, i % 5) for i in range(101))", Status.RESOURCE_LIMIT),
+             ("polygon(zip(range(101), [0, 5] * 60))", Status.RESOURCE_LIMIT),
+             (f"path({pts.format(50)}, 1)\npolygon({pts.format(51)})", Status.RESOURCE_LIMIT),
+             ("c = rect(0, 0, 50, 50)\nfor i in range(4):\n    rect(i, 0, 1, 1)\nfor i in range(5):\n    cut(c)", Status.EMPTY),
+             ("c = rect(0, 0, 50, 50)\nfor i in range(4):\n    rect(i, 0, 1, 1)\nfor i in range(6):\n    cut(c)", Status.RESOURCE_LIMIT)]
+    res = ev.evaluate_many([(TASK, src) for src, _ in cases], workers=2, limits=lim)
+    assert [r.status for r in res] == [want for _, want in cases], [(r.status, r.reason) for r in res]
+
+
+# a worker-side probe (un-gated, real builtins): the most MiB one bytearray can take right now
+BUDGET_PROBE = """lo, hi = 0, 1 << 14
+while hi - lo > 1:
+    mid = (lo + hi) // 2
+    try:
+        b = bytearray(mid << 20)
+        del b
+        lo = mid
+    except MemoryError:
+        hi = mid
+raise ValueError(f'budget {lo} MB')
+"""
+
+
+def memory_budget_mb(limits):
+    st, _, reason, _ = ev._sandbox_run_ungated(BUDGET_PROBE, limits=limits)
+    assert reason.startswith("ValueError: budget"), reason
+    return int(reason.split()[2])
+
+
+def test_no_state_leaks_between_candidates():
+    "A program that keeps memory alive through a reference cycle does not zero the honest ones after it."
+    lim = Limits(timeout_s=5.0, memory_mb=128)
+    hog_mb = memory_budget_mb(lim) - 2                                   # just below its limit
+    honest = "x = 0\n" + "x = x + 1\n" * 1900 + "rect(10, 10, 15, 50)\n"    # needs a few MB to parse
+    hogs = [f"def f():\n    return 1\nx = [0] * ({hog_mb} * 2**17)\n",       # fn.__globals__ <-> namespace
+            f"x = [[0] * ({hog_mb} * 2**17)]\nx.append(x)\n"]                   # a plain list cycle
+    task = FixtureTask("rect(10, 10, 15, 50)")
+    for hog in hogs:
+        res = ev.evaluate_many([(task, hog)] + [(task, honest + f"# {i}") for i in range(3)], workers=1, limits=lim)
+        assert res[0].status == Status.EMPTY, res[0].reason
+        assert all(r.ok and r.iou == 1.0 for r in res[1:]), [(r.status, r.reason) for r in res[1:]]
+
+
+def test_memory_budget_does_not_depend_on_the_batch():
+    "The address space a candidate gets is the same after a large batch grew the fork server."
+    lim = Limits(timeout_s=5.0, memory_mb=128)
+    ev.shutdown_servers()
+    fresh = memory_budget_mb(lim)
+    slow = [(TASK, "while True:\n    pass")] * 2                # hold both workers while the queue fills
+    big = [(TASK, f"# {i} " + "x" * 19980) for i in range(800)]
+    ev.evaluate_many(slow + big, workers=2, limits=Limits(timeout_s=1.0), dedupe=False)
+    after = memory_budget_mb(lim)
+    assert fresh >= lim.memory_mb - 2 and after >= fresh - 1, (fresh, after)
+
+
+def test_worker_exit_after_other_jobs_is_rerun_alone():
+    "A worker that ends without a record after other jobs ran in it may have inherited their state: re-run alone."
+    ok, exits = "rect(0, 0, 10, 10)", "import os\nos._exit(3)"
+    before = ev.server_stats().get("rerun_solo", 0)
+    res = ev._run_sandboxed([(ok, (100.0, 80.0), (32, 32), LIM), (exits, (100.0, 80.0), (32, 32), LIM)],
+                            workers=1, batch=8, _ungated=True)
+    assert res[0][0] == Status.OK and res[1][0] == Status.RUNTIME_ERROR and "code 3" in res[1][2], res
+    assert ev.server_stats().get("rerun_solo", 0) == before + 1          # the verdict came from a fresh worker
+
+
+def test_memory_error_in_the_gate_is_a_resource_limit(monkeypatch):
+    "A MemoryError while parsing is a limit hit (re-run alone when it follows other jobs), never SOURCE_REJECTED."
+    def no_memory(source, limits):
+        raise MemoryError()
+    monkeypatch.setattr(ev, "_gate_compile", no_memory)
+    st, n, reason, mask = ev._execute("rect(0, 0, 1, 1)", (10.0, 10.0), (16, 16), LIM)    # in-process
+    assert st == Status.RESOURCE_LIMIT and "MemoryError" in reason and mask is None
+
+
+def test_deep_nesting_has_one_verdict():
+    "The gate's depth budget is the same in the worker as in a caller's check_source (not the worker's 400)."
+    srcs = ["x = " + "-" * n + "1\nrect(10, 10, 15, 50)" for n in (500, 1500)] + ["x = 1" + " + 1" * 3000]
+    res = ev.evaluate_many([(TASK, s) for s in srcs], workers=2, limits=LIM)
+    assert res[0].ok and ev.check_source(srcs[0]) is None, res[0].reason
+    for src, r in zip(srcs[1:], res[1:]):
+        assert r.status == Status.SOURCE_REJECTED and r.reason == ev.check_source(src), (r.reason, ev.check_source(src))
