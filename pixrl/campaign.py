@@ -8,18 +8,46 @@ from .core import cache_dir, repo_root, set_seed
 from .reward import DEFAULT_REWARD, REWARD_POLICIES
 
 # %% auto #0
-__all__ = ['ARMS', 'LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_STEPS', 'THINKING_ARMS',
-           'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'Stage', 'RunPlan', 'build_plan', 'operating_point', 'gate_absolute',
-           'gate_relative', 'CampaignConfig', 'validate', 'load_state', 'save_state', 'ckpt_dir', 'init_state',
-           'stage_input', 'campaign_reward', 'CanaryCallback', 'run_stage', 'run_campaign', 'probe_points', 'cli_main']
+__all__ = ['LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_STEPS', 'ARMS', 'THINKING_ARMS',
+           'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'SCALE_REWARDS', 'LOSS_TYPES', 'Arm', 'Stage', 'RunPlan', 'build_plan',
+           'operating_point', 'gate_absolute', 'gate_relative', 'CampaignConfig', 'validate', 'load_state',
+           'save_state', 'ckpt_dir', 'init_state', 'stage_input', 'trl_settings', 'token_budget', 'run_preflight_stage',
+           'campaign_reward', 'canary_probe', 'run_stage', 'run_campaign', 'probe_points', 'cli_main']
 
 # %% ../nbs/09_campaign.ipynb #7840ec06
-ARMS = ("A", "B", "C", "D", "E", "F", "G", "I")
 LEVELS = (0, 1, 2, 3, 4)
 STANDARD_REPLAY = 0.25   # arm I's "standard replay mix"
 MIXED_REPLAY = 0.5       # arm F's 50 % backward blend
 CANARY_EVERY = 5         # arm I: canary probe every 5 optimizer steps
 SMOKE_STEPS = 2          # smoke mode: 2 GRPO steps per stage
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    "One arm of the campaign matrix: what its plan holds, as data (the plan builder below is generic)."
+    name: str
+    description: str
+    sft_levels: tuple | None = ()     # levels with an SFT stage before their RL stage; None = every level
+    replay_share: float = 0.0         # default backward replay share of its RL stages (after the fork)
+    fork: str | None = None           # the arm whose first stages it copies from a finished campaign
+    fork_through: int | None = None   # default last copied stage of `fork`'s plan
+    thinking: bool = False            # runs at the long/thinking operating point
+    canary_every: int | None = None   # a canary probe every this many optimizer steps
+    last_level_only: bool = False     # one RL stage, on the last level
+    sft_allowed: bool = True          # False: refuses any SFT level
+
+ARMS = {a.name: a for a in [
+    Arm("A", "L0-SFT (absolute gate) -> RL L0 ... L4", sft_levels=(0,)),
+    Arm("B", "base RL L0 -> L4", sft_allowed=False),
+    Arm("C", "B at the long/thinking operating point", thinking=True, sft_allowed=False),
+    Arm("D", "A at the long/thinking operating point", sft_levels=(0,), thinking=True),
+    Arm("E", "A-fork (through RL L0) -> L1-SFT (relative gate) -> RL L1 ... L4", sft_levels=(1,), fork="A", fork_through=1),
+    Arm("F", "A-fork (through RL L0) -> RL L1 ... L4 with a 50% backward replay mix", replay_share=MIXED_REPLAY,
+        fork="A", fork_through=1, sft_allowed=False),
+    Arm("G", "full ladder: for each level, SFT (gated) -> RL", sft_levels=None),
+    Arm("I", "RL-only at L4, standard replay (25%), a canary probe every 5 steps, no SFT data ever",
+        replay_share=STANDARD_REPLAY, canary_every=CANARY_EVERY, last_level_only=True, sft_allowed=False),
+]}
+THINKING_ARMS = tuple(name for name, a in ARMS.items() if a.thinking)
 
 @dataclasses.dataclass(frozen=True)
 class Stage:
@@ -45,58 +73,48 @@ class RunPlan:
         import pandas as pd
         return pd.DataFrame([dataclasses.asdict(s) for s in self.stages])
 
-def _rl(level, steps, replay=0.0, canary=None): return Stage(f"rl-L{level}", "rl", level, steps=steps, replay_share=replay, canary_every=canary)
-def _sft(level, epochs, gate): return Stage(f"sft-L{level}", "sft", level, epochs=epochs, gate=gate)
+def _ladder(levels, sft_levels, steps: int, replay: float, sft_epochs: float, first: bool, canary=None) -> list:
+    "RL stages on `levels`, each preceded by an SFT stage where its level is in `sft_levels` (None = all)."
+    stages = []
+    for level in levels:
+        if sft_levels is None or level in sft_levels:
+            gate = "absolute" if first and not stages else "relative"   # a fresh lineage vs a mid-lineage insertion
+            stages.append(Stage(f"sft-L{level}", "sft", level, epochs=sft_epochs, gate=gate))
+        stages.append(Stage(f"rl-L{level}", "rl", level, steps=steps, replay_share=replay, canary_every=canary))
+    return stages
 
 def build_plan(arm: str, steps_per_level: int = 20, replay_share: float | None = None, sft_levels=None,
                sft_epochs: float = 2.0, fork_through: int | None = None, smoke: bool = False,
                levels=LEVELS) -> RunPlan:
-    "The RunPlan of `arm` under the given knobs (see the arm table)."
-    arm = str(arm).upper()
-    if arm not in ARMS: raise ValueError(f"unknown arm {arm!r}; accepted: {', '.join(ARMS)}")
-    if steps_per_level < 1: raise ValueError(f"steps_per_level must be >= 1, got {steps_per_level!r}")
+    "The RunPlan of `arm` (a row of `ARMS`) under the given knobs; `None` knobs take the arm's default."
+    name = str(arm).upper()
+    if name not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}; accepted: {', '.join(ARMS)}")
+    if steps_per_level < 1:
+        raise ValueError(f"steps_per_level must be >= 1, got {steps_per_level!r}")
+    spec = ARMS[name]
+    if sft_levels and not spec.sft_allowed:
+        raise ValueError(f"arm {name} never uses SFT data; sft_levels={sft_levels!r} is not accepted")
     steps = SMOKE_STEPS if smoke else int(steps_per_level)
-    rep = lambda default: default if replay_share is None else float(replay_share)
+    replay = spec.replay_share if replay_share is None else float(replay_share)
+    chosen = spec.sft_levels if sft_levels is None else tuple(sft_levels)
     levels = tuple(levels)
-    if arm in ("B", "C"):
-        stages = [_rl(L, steps, rep(0.0)) for L in levels]
-    elif arm in ("A", "D"):
-        sl = (0,) if sft_levels is None else tuple(sft_levels)
-        stages = []
-        for L in levels:
-            if L in sl: stages.append(_sft(L, sft_epochs, "absolute" if not stages else "relative"))
-            stages.append(_rl(L, steps, rep(0.0)))
-    elif arm in ("E", "F"):
-        base = build_plan("A", steps_per_level, 0.0, None, sft_epochs, smoke=smoke, levels=levels).stages[:2]
-        rest = [L for L in levels if L >= 1]
-        if arm == "E":
-            sl = (1,) if sft_levels is None else tuple(sft_levels)
-            tail = []
-            for L in rest:
-                if L in sl: tail.append(_sft(L, sft_epochs, "relative"))
-                tail.append(_rl(L, steps, rep(0.0)))
-        else:
-            tail = [_rl(L, steps, rep(MIXED_REPLAY)) for L in rest]
-        stages = list(base) + tail
-        fork_through = 1 if fork_through is None else fork_through
-    elif arm == "G":
-        sl = levels if sft_levels is None else tuple(sft_levels)
-        stages = []
-        for L in levels:
-            if L in sl: stages.append(_sft(L, sft_epochs, "absolute" if not stages else "relative"))
-            stages.append(_rl(L, steps, rep(0.0)))
-    else:  # I
-        if sft_levels: raise ValueError(f"arm I never uses SFT data; sft_levels={sft_levels!r} is not accepted")
-        stages = [_rl(max(levels), steps, rep(STANDARD_REPLAY), canary=CANARY_EVERY)]
+    head = []
+    if spec.fork:
+        head = list(build_plan(spec.fork, steps_per_level, 0.0, None, sft_epochs, smoke=smoke, levels=levels).stages)
+        head = head[:spec.fork_through + 1]
+        fork_through = spec.fork_through if fork_through is None else fork_through
+        levels = tuple(L for L in levels if L > head[-1].level)
+    if spec.last_level_only:
+        levels = (max(levels),)
+    stages = head + _ladder(levels, chosen, steps, replay, sft_epochs, first=not head, canary=spec.canary_every)
     if fork_through is not None and not 0 <= fork_through < len(stages) - 1:
-        raise ValueError(f"fork_through={fork_through!r} must index a stage before the last of arm {arm} (0..{len(stages) - 2})")
-    desc = {"A": "L0-SFT -> RL L0..L4", "B": "base RL L0 -> L4", "C": "B at the thinking operating point",
-            "D": "A at the thinking operating point", "E": "A-fork -> L1-SFT gated -> RL", "F": "A-fork -> 50% backward replay",
-            "G": "full ladder (SFT gated -> RL per level)", "I": "RL-only L4, standard replay, canary every 5 steps"}[arm]
-    return RunPlan(arm, tuple(stages), needs_thinking=arm in THINKING_ARMS, fork_through=fork_through, description=desc)
+        raise ValueError(f"fork_through={fork_through!r} must index a stage before the last of arm {name} "
+                         f"(0..{len(stages) - 2})")
+    return RunPlan(name, tuple(stages), needs_thinking=spec.thinking, fork_through=fork_through,
+                   description=spec.description)
 
 
-THINKING_ARMS = ("C", "D")
 THINK_MAX_NEW_TOKENS = 2048   # the long budget of the thinking operating point (when max_new_tokens is not given)
 
 def operating_point(config: dict) -> dict:
@@ -104,7 +122,7 @@ def operating_point(config: dict) -> dict:
     (`enable_thinking=True`) with a long budget (`max_new_tokens`, else THINK_MAX_NEW_TOKENS). Every other arm:
     thinking off — a reasoning model's no-think mode; a model without one is unaffected — and `max_new_tokens`,
     else the model's own budget (None)."""
-    thinking = str(config["arm"]).upper() in THINKING_ARMS
+    thinking = ARMS[str(config["arm"]).upper()].thinking
     return {"thinking": thinking, "max_new_tokens": config.get("max_new_tokens") or (THINK_MAX_NEW_TOKENS if thinking else None)}
 
 # %% ../nbs/09_campaign.ipynb #2abbeb72
@@ -129,37 +147,56 @@ def gate_relative(post: dict, ref: dict, level: int, exec_slack: float = EXEC_SL
     return exec_ok and iou_ok, (f"exec {e0:.3f} -> {e1:.3f} ({'ok' if exec_ok else 'loss beyond slack ' + str(exec_slack)}); "
                                 f"L{level} IoU {i0:.3f} -> {i1:.3f} ({'gain' if iou_ok else 'no gain'})")
 
-def _fake(exec_rate, iou, reward, level=0):
-    return {"overall": {"exec_rate": exec_rate}, "per_level": {level: {"iou": iou, "reward": reward}}}
-
 # %% ../nbs/09_campaign.ipynb #c1ac5bb7
+SCALE_REWARDS = ("group", "batch", "none")   # TRL GRPOConfig.scale_rewards
+LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")   # TRL GRPOConfig.loss_type
+
+def _as_levels(value) -> tuple:
+    "A tuple of ints from a tuple/list or a comma-separated string ('0,1,2' — what `papermill -p levels 0,1` passes)."
+    if isinstance(value, str):
+        return tuple(int(x) for x in value.split(",") if x.strip())
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(x) for x in value)
+
 @dataclasses.dataclass
 class CampaignConfig:
-    arm: str = "B"
-    model: str = "pixrl-tiny"
-    runs_root: str = "runs"
-    name: str | None = None            # run directory name (default: arm lower-case, '-smoke' in smoke mode)
-    steps_per_level: int = 20
-    rollouts: int = 8                  # G: completions per group
-    groups_per_step: int = 2           # prompts per optimizer step
-    lr: float = 5e-4
-    lora_rank: int = 16                # 0 = full fine-tuning
-    temperature: float = 1.0
-    max_new_tokens: int | None = None  # None: the model's pixrl.json budget
-    replay_share: float | None = None  # None: the arm's default
-    sft_levels: tuple | None = None
-    sft_epochs: float = 2.0
-    sft_lr: float = 5e-4
-    fork_from: str | None = None       # run directory of an A campaign to fork (arms E/F)
-    fork_through: int | None = None
-    smoke: bool = False
-    seed: int = 0
-    probe_k: int = 4
-    probe_per_level: int = 16
-    save_steps: int = 5
-    exec_slack: float = EXEC_SLACK
-    levels: tuple = LEVELS             # curriculum levels the plan covers (tests use a prefix)
+    "Everything that defines a pix campaign: the single source of its defaults (train.ipynb's parameters mirror it)."
+    arm: str = "B"                     # a row of ARMS: A B C D E F G I
+    model: str = "pixrl-tiny"          # pixrl-tiny | pixrl-tiny-vl | a Hugging Face id | a local model directory
+    runs_root: str = "runs"            # parent folder of the run directory
+    name: str | None = None            # run directory name; None: the arm in lower case (+ '-smoke' in smoke mode)
+    levels: tuple = LEVELS             # curriculum levels the plan covers (a tuple, or "0,1,2" from papermill)
+    steps_per_level: int = 12          # GRPO optimizer steps per RL stage
+    rollouts: int = 8                  # G: completions per group (TRL num_generations)
+    groups_per_step: int = 2           # prompts per optimizer step (batch = groups_per_step · rollouts completions)
+    lr: float = 1e-3                   # GRPO learning rate (LoRA; constant schedule, no warm-up)
+    lora_rank: int = 16                # LoRA rank on every linear layer; 0 = full fine-tuning
+    temperature: float = 1.0           # sampling temperature of rollouts and probes (top_k 0, top_p 1)
+    max_new_tokens: int | None = None  # completion budget; None: the model's pixrl.json budget (C/D: THINK_MAX_NEW_TOKENS)
     reward: str = DEFAULT_REWARD       # reward policy GRPO trains on and the probes score: shaped_v3c | shaped_v3b | raw_iou
+    scale_rewards: str = "group"       # TRL scale_rewards: A = (r − mean_group)/(std_group + 1e-4) | "batch" std | "none"
+    loss_type: str = "dapo"            # TRL loss_type: how token losses are aggregated ("dapo": over all tokens of the batch)
+    beta: float = 0.0                  # TRL beta: KL coefficient to the reference policy; 0 = no reference model is loaded
+    replay_share: float | None = None  # backward replay share of RL batches (lower levels); None: the arm's default
+    sft_levels: tuple | None = None    # levels with an SFT stage; None: the arm's default (arms B, C, F, I refuse any)
+    sft_epochs: float = 1.0            # SFT epochs over a level's train tasks
+    sft_lr: float = 1e-3               # SFT learning rate
+    fork_from: str | None = None       # run directory of a finished A campaign to fork (arms E/F)
+    fork_through: int | None = None    # last stage copied from the fork; None: the arm's default
+    exec_slack: float = EXEC_SLACK     # relative gate: the exec-rate loss an SFT insertion may cause
+    smoke: bool = False                # SMOKE_STEPS GRPO steps per stage (a plumbing check, not a result)
+    seed: int = 0                      # seeds sampling, training and the probe
+    probe_k: int = 2                   # samples per probe task
+    probe_per_level: int = 16          # probe tasks per level (the fixed probe: first ids of each validation level)
+    save_steps: int = 5                # checkpoint every this many optimizer steps (resume granularity)
+    preflight_control_n: int = 40      # validation tasks in the preflight's ground-truth positive control
+
+    def __post_init__(self):
+        self.arm = str(self.arm).upper()
+        self.levels = _as_levels(self.levels)
+        if self.sft_levels is not None:
+            self.sft_levels = _as_levels(self.sft_levels)
 
     @property
     def run_dir(self) -> Path:
@@ -170,7 +207,8 @@ class CampaignConfig:
                           self.fork_through, self.smoke, self.levels)
 
     def fingerprint(self) -> str:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("runs_root", "name", "save_steps")}
+        d = {k: v for k, v in dataclasses.asdict(self).items()
+             if k not in ("runs_root", "name", "save_steps", "preflight_control_n")}
         d["sft_levels"] = list(d["sft_levels"]) if d["sft_levels"] is not None else None
         d["levels"] = list(d["levels"])
         d["fork_from"] = Path(d["fork_from"]).name if d["fork_from"] else None
@@ -189,6 +227,12 @@ def validate(cfg: CampaignConfig) -> RunPlan:
         src = Path(cfg.fork_from) / "state.json"
         if not src.exists(): raise ValueError(f"fork_from={cfg.fork_from!r} holds no campaign state.json")
     if cfg.rollouts < 2: raise ValueError(f"rollouts must be >= 2, got {cfg.rollouts!r}")
+    if cfg.scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"unknown scale_rewards {cfg.scale_rewards!r}; accepted: {', '.join(SCALE_REWARDS)}")
+    if cfg.loss_type not in LOSS_TYPES:
+        raise ValueError(f"unknown loss_type {cfg.loss_type!r}; accepted: {', '.join(LOSS_TYPES)}")
+    if not cfg.beta >= 0:
+        raise ValueError(f"beta={cfg.beta!r}: the KL coefficient must be >= 0")
     if cfg.reward not in REWARD_POLICIES:
         raise ValueError(f"unknown reward policy {cfg.reward!r}; accepted: {', '.join(REWARD_POLICIES)}")
     if cfg.probe_k < 1 or cfg.probe_per_level < 1: raise ValueError("probe_k and probe_per_level must be >= 1")
@@ -236,7 +280,8 @@ def init_state(cfg: CampaignConfig, plan: RunPlan) -> dict:
         if (cache_dir("campaigns") / st["campaign_id"]).exists(): return st
         print(f"[campaign] {rd}/state.json belongs to campaign {st['campaign_id']} whose checkpoints are not on this "
               "machine; starting it afresh")
-        for pat in ("stage_*.json", "probe_*.json", "metrics_*.json", "canary.jsonl", "campaign.log", "summary.json"):
+        for pat in ("stage_*.json", "probe_*.json", "metrics_*.json", "canary.jsonl", "campaign.log", "summary.json",
+                    "preflight.json"):
             for f in rd.glob(pat): f.unlink()
     st = {"fingerprint": cfg.fingerprint(), "campaign_id": f"{rd.name}-{cfg.fingerprint()}-{uuid.uuid4().hex[:6]}",
           "config": {**dataclasses.asdict(cfg), "sft_levels": list(cfg.sft_levels) if cfg.sft_levels else None,
@@ -275,6 +320,32 @@ def _tasks(level: int, split: str = "train") -> list:
     from pixrl.tasks import load_split
     return [t for t in load_split(split) if t.level == level]
 
+def trl_settings(config: dict) -> dict:
+    "TRL's GRPO loss settings of a campaign's config (a state written before they were settings: TRL's defaults then)."
+    return {"scale_rewards": config.get("scale_rewards", "group"), "loss_type": config.get("loss_type", "dapo"),
+            "beta": config.get("beta", 0.0)}
+
+def token_budget(policy, max_new_tokens: int | None) -> int:
+    "Prompt tokens a campaign may use: the text model's context − the completion budget − a fixed image's tokens."
+    ctx = int(getattr(policy.model.config.get_text_config(), "max_position_embeddings", 4096))   # a VLM: its text model's
+    image_tokens = int(getattr(policy.model.config, "image_seq_length", 0) or 0) if policy.vision else 0
+    return ctx - int(max_new_tokens or policy.max_new_tokens) - image_tokens
+
+def run_preflight_stage(state: dict, run_dir: Path) -> dict:
+    """The campaign's preflight (`pixrl.preflight`: data digests, git state, whitelist, token audit against
+    `token_budget`, ground-truth positive control) → `preflight.json`; raises `PreflightError` when a check fails."""
+    from pixrl.policy import load_policy
+    from pixrl.preflight import run_preflight
+    c = state["config"]
+    op = operating_point(c)
+    pol = load_policy(state["model_path"], thinking=op["thinking"])
+    report = run_preflight(tokenizer=pol.tokenizer, prompt_spec=pol.prompt_spec, prompt_fn=pol.prompt,
+                           max_prompt_tokens=token_budget(pol, op["max_new_tokens"]), splits=("train", "validation"),
+                           require_clean_git=False, positive_control_n=c.get("preflight_control_n", 40), seed=c["seed"])
+    (Path(run_dir) / "preflight.json").write_text(json.dumps(report.to_json(), indent=1))
+    report.raise_if_failed()
+    return report.to_json()
+
 def campaign_reward(config: dict) -> str:
     "The reward policy of a campaign's config; a state written before the setting existed trained on shaped_v3b."
     return config.get("reward", "shaped_v3b")
@@ -291,29 +362,23 @@ def _probe(state: dict, model_dir: str, tag) -> str:
     save_probe(res, Path(state["run_dir"]) / name)
     return name
 
-class CanaryCallback:
-    "Arm I: a small probe (L4 of the probe set, k=2) every `every` optimizer steps → canary.jsonl."
-    def __new__(cls, *a, **kw):
-        from transformers import TrainerCallback
-        class _Canary(TrainerCallback):
-            def __init__(self, state, every, policy_like):
-                self.state, self.every, self.pol = state, every, policy_like
-            def on_step_end(self, args, tstate, control, model=None, **kw):
-                if tstate.global_step % self.every: return
-                from pixrl.probe import probe_tasks, run_probe
-                c = self.state["config"]
-                tasks = [t for t in probe_tasks(c["probe_per_level"]) if t.level == 4]
-                pol = dataclasses.replace(self.pol, model=model)
-                r = run_probe(pol, tasks, k=2, seed=c["seed"], max_new_tokens=operating_point(c)["max_new_tokens"],
-                              reward=campaign_reward(c))
-                model.train()
-                row = {"step": tstate.global_step, **{k: r["overall"][k] for k in ("exec_rate", "iou", "reward")}}
-                with open(Path(self.state["run_dir"]) / "canary.jsonl", "a") as f: f.write(json.dumps(row) + "\n")
-        return _Canary(*a, **kw)
+def canary_probe(state: dict, policy):
+    "Arm I's canary: `fn(model) -> {exec_rate, iou, reward}` of a small probe (L4 of the probe set, k=2) of `model`."
+    from pixrl.probe import probe_tasks, run_probe
+    c = state["config"]
+    tasks = [t for t in probe_tasks(c["probe_per_level"]) if t.level == 4]
+
+    def probe(model) -> dict:
+        r = run_probe(dataclasses.replace(policy, model=model), tasks, k=2, seed=c["seed"],
+                      max_new_tokens=operating_point(c)["max_new_tokens"], reward=campaign_reward(c))
+        return {k: r["overall"][k] for k in ("exec_rate", "iou", "reward")}
+    return probe
 
 def run_stage(run_dir, k) -> dict:
     "Execute stage k (or the base probe for k='base') of the campaign in `run_dir`; writes stage_<k>.json."
     run_dir = Path(run_dir); state = load_state(run_dir); state["run_dir"] = str(run_dir)
+    if k == "preflight":
+        return run_preflight_stage(state, run_dir)
     c = state["config"]; set_seed(c["seed"]); op = operating_point(c)
     if k == "base" or not (state["base_probe"] or (run_dir / "stage_base.json").exists()):
         # the campaign-start probe runs in the first stage's process (one interpreter start less)
@@ -331,12 +396,14 @@ def run_stage(run_dir, k) -> dict:
         cbs = []
         if s.get("canary_every"):
             from pixrl.policy import load_policy
-            cbs = [CanaryCallback(state, s["canary_every"], load_policy(inp, thinking=op["thinking"]))]
+            from pixrl.grpo import PeriodicProbe
+            probe = canary_probe(state, load_policy(inp, thinking=op["thinking"]))
+            cbs = [PeriodicProbe(s["canary_every"], probe, run_dir / "canary.jsonl")]
         res = run_grpo(inp, _tasks(s["level"]), d, steps=s["steps"], lr=c["lr"], lora_rank=c["lora_rank"],
                        num_generations=c["rollouts"], groups_per_step=c["groups_per_step"],
                        temperature=c["temperature"], max_new_tokens=op["max_new_tokens"], seed=c["seed"],
                        save_steps=c["save_steps"], replay_tasks=replay, replay_share=s["replay_share"], callbacks=cbs,
-                       thinking=op["thinking"], reward=campaign_reward(c))
+                       thinking=op["thinking"], reward=campaign_reward(c), **trl_settings(c))
     (run_dir / f"metrics_{k}.json").write_text(json.dumps(res["log_history"], indent=0))
     name = _probe(state, res["final_dir"], k)
     out = {"probe": name, **{x: res[x] for x in ("final_dir", "global_step", "resumed_from_step", "seconds", "n_rows")},
@@ -381,6 +448,11 @@ def run_campaign(cfg: CampaignConfig, verbose: bool = True) -> dict:
         if not state["base_probe"] and (rd / "stage_base.json").exists():
             state["base_probe"] = json.loads((rd / "stage_base.json").read_text())["probe"]; save_state(rd, state)
     _base_done()
+    if not state.get("preflight_passed"):      # once per campaign, before anything trains; no entry point skips it
+        say("preflight")
+        _sub(rd, "preflight", log)
+        state["preflight_passed"] = _now()
+        save_state(rd, state)
     if not state["base_probe"] and all(s["status"] in ("done", "gate_failed", "forked") for s in state["stages"]):
         say("base probe"); _sub(rd, "base", log); _base_done()
     for k, s in enumerate(plan.stages):

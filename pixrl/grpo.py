@@ -20,8 +20,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 datasets.disable_progress_bars()
 
 # %% auto #0
-__all__ = ['replay_mix', 'rl_dataset', 'sft_dataset', 'PixGRPOTrainer', 'time_shares', 'has_cuda', 'resolve_use_vllm',
-           'device_kw', 'lora_config', 'last_checkpoint', 'grpo_config', 'run_grpo', 'run_sft']
+__all__ = ['replay_mix', 'rl_dataset', 'sft_dataset', 'PixGRPOTrainer', 'PeriodicProbe', 'time_shares', 'has_cuda',
+           'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint', 'grpo_config', 'run_grpo', 'run_sft']
 
 # %% ../nbs/07_grpo.ipynb #4c55cd8b
 def replay_mix(tasks: list, replay_tasks: list, replay_share: float, seed: int = 0) -> list:
@@ -66,6 +66,21 @@ class PixGRPOTrainer(GRPOTrainer):
         t = time.perf_counter(); out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._metrics["train"]["time/evaluation_s"].append(time.perf_counter() - t)
         return out
+
+class PeriodicProbe(TrainerCallback):
+    "Every `every` optimizer steps: `row = probe(model)` (a dict), appended with the step to `path` as a JSON line."
+    def __init__(self, every: int, probe, path):
+        if every < 1:
+            raise ValueError(f"every must be >= 1 optimizer steps, got {every!r}")
+        self.every, self.probe, self.path = every, probe, Path(path)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.every:
+            return
+        row = {"step": state.global_step, **self.probe(model)}
+        model.train()                                   # the probe put it in eval mode
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 def time_shares(log_history: list[dict]) -> dict:
     "Fractions of the summed step time spent in generation / evaluation / optimisation (+ mean step seconds)."
@@ -119,17 +134,20 @@ def _common_args(out_dir, steps, lr, seed, save_steps) -> dict:
                 report_to=[], seed=seed, data_seed=seed, gradient_checkpointing=False, dataloader_num_workers=0,
                 disable_tqdm=True, **device_kw())
 
-def grpo_config(out_dir, steps: int, lr: float = 5e-4, num_generations: int = 8, groups_per_step: int = 2,
-                temperature: float = 1.0, max_new_tokens: int = 160, seed: int = 0, save_steps: int = 5,
+def grpo_config(out_dir, steps: int, *, lr: float, num_generations: int, groups_per_step: int, temperature: float,
+                max_new_tokens: int, seed: int, save_steps: int, scale_rewards: str, loss_type: str, beta: float,
                 use_vllm: bool | None = None, chat_template_kwargs: dict | None = None) -> GRPOConfig:
-    "GRPOConfig for one pix RL stage (batch = `groups_per_step` × G completions, one optimizer step per batch)."
-    if num_generations < 2: raise ValueError(f"num_generations must be >= 2 (GRPO needs a group), got {num_generations!r}")
+    """GRPOConfig for one pix RL stage (batch = `groups_per_step` × G completions, one optimizer step per batch).
+    The knobs have no defaults here: a campaign passes its `CampaignConfig` (the single source of defaults)."""
+    if num_generations < 2:
+        raise ValueError(f"num_generations must be >= 2 (GRPO needs a group), got {num_generations!r}")
     vllm = resolve_use_vllm(use_vllm)
     extra = {"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.35} if vllm else {}
     return GRPOConfig(**_common_args(out_dir, steps, lr, seed, save_steps),
                       per_device_train_batch_size=num_generations * groups_per_step, gradient_accumulation_steps=1,
                       num_generations=num_generations, max_completion_length=max_new_tokens, temperature=temperature,
-                      top_k=0, top_p=1.0, beta=0.0, use_vllm=vllm, log_completions=False,
+                      top_k=0, top_p=1.0, beta=beta, scale_rewards=scale_rewards, loss_type=loss_type,
+                      use_vllm=vllm, log_completions=False,
                       mask_truncated_completions=False,
                       chat_template_kwargs=chat_template_kwargs or None, **extra)
 
@@ -155,20 +173,23 @@ def _finish(trainer, policy: Policy, out_dir: Path, meta: dict) -> Path:
                         {"max_new_tokens": policy.max_new_tokens, "can_think": policy.can_think, **meta})
     return final
 
-def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float = 5e-4, lora_rank: int = 16,
-             num_generations: int = 8, groups_per_step: int = 2, temperature: float = 1.0,
-             max_new_tokens: int | None = None, seed: int = 0, save_steps: int = 5, replay_tasks: list = (),
+def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lora_rank: int, num_generations: int,
+             groups_per_step: int, temperature: float, max_new_tokens: int | None, seed: int, save_steps: int,
+             reward: str, scale_rewards: str, loss_type: str, beta: float, replay_tasks: list = (),
              replay_share: float = 0.0, use_vllm: bool | None = None, callbacks: list = (),
-             thinking: bool | None = None, reward: str = DEFAULT_REWARD) -> dict:
+             thinking: bool | None = None) -> dict:
     """One GRPO stage from `model_dir` on `tasks` (+ replay); resumes from the last checkpoint in `out_dir`.
+    The knobs come from the campaign's `CampaignConfig` (no defaults here; `max_new_tokens=None`: the model's budget).
     Returns {final_dir, global_step, resumed_from_step, log_history, time_shares, seconds}."""
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
     policy = load_policy(model_dir, thinking=thinking)
     rows = replay_mix(tasks, list(replay_tasks), replay_share, seed)
     reward_fn = make_reward_fn({t.id: t for t in rows}, policy=reward)   # shaped_v3c | shaped_v3b | raw_iou
-    cfg = grpo_config(out_dir, steps, lr, num_generations, groups_per_step, temperature,
-                      int(max_new_tokens or policy.max_new_tokens), seed, save_steps, use_vllm,
-                      thinking_kwargs(policy.processor or policy.tokenizer, thinking))   # TRL templates VLM rows
+    cfg = grpo_config(out_dir, steps, lr=lr, num_generations=num_generations, groups_per_step=groups_per_step,
+                      temperature=temperature, max_new_tokens=int(max_new_tokens or policy.max_new_tokens), seed=seed,
+                      save_steps=save_steps, scale_rewards=scale_rewards, loss_type=loss_type, beta=beta,
+                      use_vllm=use_vllm,
+                      chat_template_kwargs=thinking_kwargs(policy.processor or policy.tokenizer, thinking))
     trainer = PixGRPOTrainer(model=policy.model, reward_funcs=reward_fn, args=cfg, train_dataset=rl_dataset(policy, rows),
                              processing_class=policy.processor or policy.tokenizer,
                              peft_config=lora_config(lora_rank), callbacks=list(callbacks))

@@ -8,23 +8,25 @@ import hashlib
 import json
 import os
 import platform
-import random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from .core import cache_dir, repo_root
+from .families import FAMILIES, Q, Code, Family, Retry, Rng
 from .geometry import Grid, Scene, mask_sha256, rasterize, render, run_program
 
+# the families' names re-exported above are part of this module's public surface (`__all__`)
+_all_ = ["Q", "FAMILIES", "Family"]
+
 # %% auto #0
-__all__ = ['RELEASE', 'SPLITS', 'LEVELS', 'CAL_SHAPE', 'MODEL_IMAGE_SHAPE', 'Q', 'FAMILIES', 'SPLIT_SIZES', 'NEAR_DUPLICATE_IOU',
-           'Family', 'task_id', 'make_task', 'task_digest', 'generate_release', 'DatasetIntegrityError',
-           'manifest_path', 'read_manifest', 'rebuild_cache', 'Task', 'load_split', 'release_digest', 'get_task',
-           'seal_release', 'cli_main']
+__all__ = ['RELEASE', 'SPLITS', 'LEVELS', 'CAL_SHAPE', 'MODEL_IMAGE_SHAPE', 'SPLIT_SIZES', 'NEAR_DUPLICATE_IOU', 'task_id',
+           'make_task', 'task_digest', 'generate_release', 'DatasetIntegrityError', 'manifest_path', 'read_manifest',
+           'rebuild_cache', 'Task', 'load_split', 'release_digest', 'get_task', 'seal_release', 'cli_main', 'Q',
+           'FAMILIES', 'Family']
 
 # %% ../nbs/01_tasks.ipynb #9265130e
 RELEASE = "depth-v1"
@@ -33,542 +35,7 @@ LEVELS = (0, 1, 2, 3, 4)
 CAL_SHAPE = (128, 128)  # evaluator calibration grid over the footprint (rows, cols), per-axis scale
 MODEL_IMAGE_SHAPE = (64, 64)  # the model image: the footprint magnified per axis to a square
 
-# %% ../nbs/01_tasks.ipynb #b1445acf
-Q = 4  # generator units per um: every generated coordinate is a multiple of 0.25 um
-
-
-def _f(q: int) -> str:
-    "Python literal for `q` quarter-micrometres (exact in binary floating point): 12, 12.25, 0.5."
-    return str(q // Q) if q % Q == 0 else repr(q / Q)
-
-
-def _lin(base: int, *terms) -> str:
-    "Expression `base + var*step + ...` for loop coordinates; `terms` are (var, step_q) pairs."
-    s = "" if base == 0 and terms else _f(base)
-    for var, step in terms:
-        term = f"{var}*{_f(abs(step))}"
-        s = (f"{s} - {term}" if step < 0 else f"{s} + {term}") if s else (f"-{term}" if step < 0 else term)
-    return s
-
-
-class _Retry(Exception):
-    "The sampled parameters do not fit the footprint: draw again (same seed stream)."
-
-
-class _Rng:
-    "Integer-only sampling on `random.Random(seed)` (stable across platforms and Python versions)."
-
-    def __init__(self, seed: int):
-        self.r = random.Random(seed)
-
-    def ri(self, lo: int, hi: int) -> int:
-        "Uniform integer in [lo, hi]; an empty range means the layout does not fit."
-        if lo > hi:
-            raise _Retry
-        return self.r.randrange(lo, hi + 1)
-
-    def even(self, lo: int, hi: int) -> int:
-        "Uniform even integer in [lo, hi] (so that halves stay on the 0.25 um lattice)."
-        return 2 * self.ri(-(-lo // 2), hi // 2)
-
-    def coin(self) -> bool:
-        return self.r.randrange(2) == 1
-
-
-class _Code:
-    """Emits program text. Families draw in a canonical frame (u along the long axis of the
-    footprint, v across it); with `transpose` the emitter swaps x and y, so the same family
-    also produces tall layouts. Arguments are ints (quarter-um, written as literals) or strings
-    (expressions such as `5 + i*2.5`)."""
-
-    def __init__(self, transpose: bool):
-        self.t, self.lines, self.depth = transpose, [], 0
-
-    def _v(self, a) -> str:
-        return _f(a) if isinstance(a, int) else a
-
-    def _xy(self, x, y):
-        return (self._v(y), self._v(x)) if self.t else (self._v(x), self._v(y))
-
-    def _pts(self, pts) -> str:
-        return "[" + ", ".join("({}, {})".format(*self._xy(x, y)) for x, y in pts) + "]"
-
-    def line(self, s: str):
-        self.lines.append("    " * self.depth + s)
-
-    @contextmanager
-    def loop(self, var: str, *args):
-        self.line(f"for {var} in range({', '.join(str(a) for a in args)}):")
-        self.depth += 1
-        yield
-        self.depth -= 1
-
-    def _draw(self, call: str, cut: bool):
-        self.line(f"cut({call})" if cut else call)
-
-    def rect(self, x, y, w, h, cut=False):
-        (x, y), (w, h) = self._xy(x, y), self._xy(w, h)
-        self._draw(f"rect({x}, {y}, {w}, {h})", cut)
-
-    def circle(self, cx, cy, r, cut=False):
-        self._draw("circle({}, {}, {})".format(*self._xy(cx, cy), self._v(r)), cut)
-
-    def ring(self, cx, cy, r, width):
-        self._draw("ring({}, {}, {}, {})".format(*self._xy(cx, cy), self._v(r), self._v(width)), False)
-
-    def polygon(self, pts, cut=False):
-        self._draw(f"polygon({self._pts(pts)})", cut)
-
-    def path(self, pts, width):
-        self._draw(f"path({self._pts(pts)}, {self._v(width)})", False)
-
-    def source(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-# %% ../nbs/01_tasks.ipynb #487d6d46
-def _pad(r, c, U, V, mu, mv):
-    w, h = r.ri(max(2 * mu, U // 5), U - 2 * mu), r.ri(max(2 * mv, V // 5), V - 2 * mv)
-    c.rect(r.ri(mu, U - mu - w), r.ri(mv, V - mv - h), w, h)
-
-
-def _via(r, c, U, V, mu, mv):
-    rad = r.ri(max(mu, V // 8), (V - 2 * mv) // 2)
-    c.circle(r.ri(rad + mu, U - rad - mu), r.ri(rad + mv, V - rad - mv), rad)
-
-
-def _ring(r, c, U, V, mu, mv):
-    w = r.even(mu, max(mu + 1, V // 10))
-    rad = r.ri(w // 2 + mu, (V - 2 * mv - w) // 2)
-    ro = rad + w // 2
-    c.ring(r.ri(ro + mu, U - ro - mu), r.ri(ro + mv, V - ro - mv), rad, w)
-
-
-def _taper(r, c, U, V, mu, mv):
-    x0, x1 = r.ri(mu, U // 5), r.ri(U - U // 5, U - mu)
-    hw = r.ri(max(3 * mv, V // 3), V - 2 * mv)
-    hn = r.ri(mv, max(mv, hw // 3))
-    ya0 = r.ri(mv, V - mv - hw)
-    yb0 = r.ri(ya0, ya0 + hw - hn)
-    pts = [(x0, ya0), (x1, yb0), (x1, yb0 + hn), (x0, ya0 + hw)]
-    if r.coin():  # narrow end on the left
-        pts = [(U - x, y) for x, y in pts]
-    c.polygon(pts)
-
-
-def _wire(r, c, U, V, mu, mv):
-    w = r.even(mu, max(mu + 1, V // 8))
-    h = w // 2
-    n = r.ri(2, 4)
-    lo_x, hi_x, lo_y, hi_y = h + mu, U - h - mu, h + mv, V - h - mv
-    xa, xc = r.ri(lo_x, lo_x + (hi_x - lo_x) // 4), r.ri(hi_x - (hi_x - lo_x) // 4, hi_x)
-    ya = r.ri(lo_y, hi_y)
-    if n == 2:
-        pts = [(xa, ya), (xc, ya)]
-    else:
-        yb = r.ri(lo_y, hi_y)
-        if abs(yb - ya) < w + mv:
-            raise _Retry
-        if n == 3:
-            pts = [(xa, ya), (xc, ya), (xc, yb)]
-        else:
-            xb = r.ri(xa + w + mu, xc - w - mu)
-            pts = [(xa, ya), (xb, ya), (xb, yb), (xc, yb)]
-    c.path(pts, w)
-
-# %% ../nbs/01_tasks.ipynb #fe3f6595
-def _cross(r, c, U, V, mu, mv):
-    tu, tv = r.even(mu, max(mu + 1, U // 12)), r.even(mv, max(mv + 1, V // 6))  # bar widths
-    au, av = r.ri(max(tu + mu, U // 6), U // 2 - mu), r.ri(max(tv + mv, V // 4), V // 2 - mv)  # half arms
-    cx, cy = r.ri(au + mu, U - au - mu), r.ri(av + mv, V - av - mv)
-    c.rect(cx - au, cy - tv // 2, 2 * au, tv)
-    c.rect(cx - tu // 2, cy - av, tu, 2 * av)
-
-
-def _pad_pair(r, c, U, V, mu, mv):
-    n = r.ri(2, 3)
-    slot = (U - 2 * mu) // n
-    for i in range(n):
-        w = r.ri(max(2 * mu, slot // 3), slot - mu)
-        h = r.ri(max(2 * mv, V // 4), V - 2 * mv)
-        c.rect(mu + i * slot + r.ri(0, slot - mu - w), r.ri(mv, V - mv - h), w, h)
-
-
-def _pad_wire(r, c, U, V, mu, mv):
-    pw1, pw2 = r.ri(2 * mu, max(2 * mu, U // 5)), r.ri(2 * mu, max(2 * mu, U // 5))
-    ph1, ph2 = r.ri(max(3 * mv, V // 4), V - 2 * mv), r.ri(max(3 * mv, V // 4), V - 2 * mv)
-    x1, x2 = r.ri(mu, U // 8), U - r.ri(mu, U // 8) - pw2
-    y1, y2 = r.ri(mv, V - mv - ph1), r.ri(mv, V - mv - ph2)
-    ww = r.even(mu, max(mu, min(ph1, ph2) // 2))
-    ya, yb = y1 + ph1 // 2, y2 + ph2 // 2
-    c.rect(x1, y1, pw1, ph1)
-    c.rect(x2, y2, pw2, ph2)
-    if abs(ya - yb) < ww + mv:  # too close for an S-bend: one straight wire through the pad overlap
-        lo, hi = max(y1, y2) + ww // 2, min(y1 + ph1, y2 + ph2) - ww // 2
-        ya = r.ri(lo, hi)
-        c.path([(x1 + pw1 // 2, ya), (x2 + pw2 // 2, ya)], ww)
-    else:  # S-bend between the pad centres
-        xm = r.ri(x1 + pw1 + mu + ww // 2, x2 - mu - ww // 2)
-        c.path([(x1 + pw1 // 2, ya), (xm, ya), (xm, yb), (x2 + pw2 // 2, yb)], ww)
-
-
-def _taper_wg(r, c, U, V, mu, mv):
-    pw, ph = r.ri(2 * mu, max(2 * mu, U // 4)), r.even(max(4 * mv, V // 3), V - 2 * mv)
-    t = r.even(mv, max(mv, ph // 4))  # waveguide width
-    cy = r.ri(mv + ph // 2, V - mv - ph // 2)
-    x0 = r.ri(mu, U // 10 + mu)
-    xt = x0 + pw + r.ri(max(2 * mu, U // 6), max(2 * mu, U // 3))  # taper end
-    xe = r.ri(max(xt + 2 * mu, U - U // 6), U - mu)
-    flip = r.coin()
-    X = (lambda x: U - x) if flip else (lambda x: x)
-    c.rect(min(X(x0), X(x0 + pw)), cy - ph // 2, pw, ph)
-    c.polygon([(X(x0 + pw), cy - ph // 2), (X(xt), cy - t // 2), (X(xt), cy + t // 2), (X(x0 + pw), cy + ph // 2)])
-    c.rect(min(X(xt), X(xe)), cy - t // 2, xe - xt, t)
-
-
-def _ell_marker(r, c, U, V, mu, mv):
-    tu, tv = r.ri(mu, max(mu, U // 10)), r.ri(mv, max(mv, V // 6))
-    lu, lv = r.ri(max(3 * tu, U // 3), U - 2 * mu), r.ri(max(3 * tv, V // 3), V - 2 * mv)
-    x0, y0 = r.ri(mu, U - mu - lu), r.ri(mv, V - mv - lv)
-    fx, fy = r.coin(), r.coin()  # which corner the L sits in
-    X = (lambda x, w: x0 + lu - (x - x0) - w) if fx else (lambda x, w: x)
-    Y = (lambda y, h: y0 + lv - (y - y0) - h) if fy else (lambda y, h: y)
-    c.rect(X(x0, lu), Y(y0, tv), lu, tv)
-    c.rect(X(x0, tu), Y(y0, lv), tu, lv)
-    su, sv = r.ri(mu, max(mu, (lu - tu) // 3)), r.ri(mv, max(mv, (lv - tv) // 3))
-    for _ in range(r.ri(1, 2)):  # registration squares in the L's open quadrant
-        x, y = r.ri(x0 + tu + mu, x0 + lu - su), r.ri(y0 + tv + mv, y0 + lv - sv)
-        c.rect(X(x, su), Y(y, sv), su, sv)
-
-# %% ../nbs/01_tasks.ipynb #618d2fd0
-def _grating(r, c, U, V, mu, mv):
-    p = r.ri(2 * mu, max(2 * mu, (U - 2 * mu) // 4))
-    n = r.ri(4, min(40, (U - 2 * mu) // p))
-    lw = r.ri(mu, p - mu)
-    h = r.ri(max(2 * mv, V // 3), V - 2 * mv)
-    x0, y0 = r.ri(mu, U - mu - (n - 1) * p - lw), r.ri(mv, V - mv - h)
-    with c.loop("i", n):
-        c.rect(_lin(x0, ("i", p)), y0, lw, h)
-
-
-def _wire_bus(r, c, U, V, mu, mv):
-    p = r.ri(2 * mv, max(2 * mv, (V - 2 * mv) // 3))
-    n = r.ri(3, min(24, (V - 2 * mv) // p))
-    lw = r.ri(mv, p - mv)
-    L = r.ri(U // 2, U - 2 * mu)
-    x0, y0 = r.ri(mu, U - mu - L), r.ri(mv, V - mv - (n - 1) * p - lw)
-    with c.loop("j", n):
-        c.rect(x0, _lin(y0, ("j", p)), L, lw)
-
-
-def _via_array(r, c, U, V, mu, mv):
-    s = r.even(mu, max(mu + 1, min(U // 8, V // 4)))  # via size (same in um along both axes)
-    pu, pv = s + r.ri(mu, max(mu, 2 * s)), s + r.ri(mv, max(mv, 2 * s))
-    nx, ny = r.ri(2, min(12, (U - 2 * mu - s) // pu + 1)), r.ri(2, min(8, (V - 2 * mv - s) // pv + 1))
-    x0, y0 = r.ri(mu, U - mu - s - (nx - 1) * pu), r.ri(mv, V - mv - s - (ny - 1) * pv)
-    round_vias = r.coin()
-    with c.loop("i", nx), c.loop("j", ny):
-        if round_vias:
-            c.circle(_lin(x0 + s // 2, ("i", pu)), _lin(y0 + s // 2, ("j", pv)), s // 2)
-        else:
-            c.rect(_lin(x0, ("i", pu)), _lin(y0, ("j", pv)), s, s)
-
-
-def _ring_array(r, c, U, V, mu, mv):
-    w = r.even(mu, max(mu + 1, V // 12))
-    rad = r.ri(w // 2 + mu, max(w // 2 + mu, (V - 2 * mv - w) // 4))
-    ro = rad + w // 2
-    ny = r.ri(1, 2) if 2 * (2 * ro + mv) + 2 * mv <= V else 1
-    p = 2 * ro + r.ri(mu, max(mu, ro))
-    pv = 2 * ro + r.ri(mv, max(mv, ro))
-    nx = r.ri(3 if ny == 1 else 2, min(10, (U - 2 * mu - 2 * ro) // p + 1))
-    x0 = r.ri(mu + ro, U - mu - ro - (nx - 1) * p)
-    y0 = r.ri(mv + ro, V - mv - ro - (ny - 1) * pv)
-    if ny == 1:
-        with c.loop("i", nx):
-            c.ring(_lin(x0, ("i", p)), y0, rad, w)
-    else:
-        with c.loop("i", nx), c.loop("j", ny):
-            c.ring(_lin(x0, ("i", p)), _lin(y0, ("j", pv)), rad, w)
-
-
-def _cross_array(r, c, U, V, mu, mv):
-    tu, tv = r.even(mu, max(mu + 1, U // 24)), r.even(mv, max(mv + 1, V // 12))
-    au, av = r.ri(tu // 2 + mu, max(tu // 2 + mu, U // 10)), r.ri(tv // 2 + mv, max(tv // 2 + mv, V // 5))
-    pu, pv = 2 * au + r.ri(mu, max(mu, au)), 2 * av + r.ri(mv, max(mv, av))
-    nx = r.ri(1, min(8, (U - 2 * mu - 2 * au) // pu + 1))
-    ny = r.ri(1 if nx >= 3 else 2, min(6, (V - 2 * mv - 2 * av) // pv + 1))
-    cx, cy = r.ri(au + mu, U - mu - au - (nx - 1) * pu), r.ri(av + mv, V - mv - av - (ny - 1) * pv)
-    with c.loop("i", nx), c.loop("j", ny):
-        c.rect(_lin(cx - au, ("i", pu)), _lin(cy - tv // 2, ("j", pv)), 2 * au, tv)
-        c.rect(_lin(cx - tu // 2, ("i", pu)), _lin(cy - av, ("j", pv)), tu, 2 * av)
-
-# %% ../nbs/01_tasks.ipynb #5bedc7c3
-def _grating_coupler(r, c, U, V, mu, mv):
-    Hg = r.even(max(6 * mv, V // 2), V - 2 * mv)
-    cy = r.ri(mv + Hg // 2, V - mv - Hg // 2)
-    p = r.ri(2 * mu, max(2 * mu, U // 12))
-    n = r.ri(3, max(3, min(16, (U // 2 - 2 * mu) // p)))
-    tw = r.ri(mu, p - mu)
-    Lg = (n - 1) * p + tw + 2 * r.ri(mu, 2 * mu)
-    t = r.even(mv, max(mv, Hg // 5))
-    xg = r.ri(mu, U // 10)
-    xt = xg + Lg + r.ri(2 * mu, max(2 * mu, U // 4))  # taper end
-    if xt + 2 * mu > U - mu:
-        raise _Retry
-    e = r.ri(0, 1) * r.ri(mv, max(mv, Hg // 8))  # trench inset (0 = through trenches)
-    c.rect(xg, cy - Hg // 2, Lg, Hg)
-    with c.loop("i", n):
-        c.rect(_lin(xg + (Lg - (n - 1) * p - tw) // 2, ("i", p)), cy - Hg // 2 + e, tw, Hg - 2 * e, cut=True)
-    c.polygon([(xg + Lg, cy - Hg // 2), (xt, cy - t // 2), (xt, cy + t // 2), (xg + Lg, cy + Hg // 2)])
-    c.rect(xt, cy - t // 2, U - mu - xt, t)
-
-
-def _pad_holes(r, c, U, V, mu, mv):
-    pw, ph = r.ri(max(8 * mu, U // 3), U * 2 // 3), r.ri(max(8 * mv, V // 2), V - 2 * mv)
-    x0, y0 = r.ri(mu, U // 10), r.ri(mv, V - mv - ph)
-    s = r.ri(mu, max(mu, min(pw, ph) // 6))
-    pu, pv = s + r.ri(mu, max(mu, s)), s + r.ri(mv, max(mv, s))
-    nx, ny = r.ri(2, min(10, (pw - 2 * mu - s) // pu + 1)), r.ri(2, min(8, (ph - 2 * mv - s) // pv + 1))
-    hx = x0 + (pw - (nx - 1) * pu - s) // 2
-    hy = y0 + (ph - (ny - 1) * pv - s) // 2
-    c.rect(x0, y0, pw, ph)
-    with c.loop("i", nx), c.loop("j", ny):
-        c.rect(_lin(hx, ("i", pu)), _lin(hy, ("j", pv)), s, s, cut=True)
-    # a lead from the pad to a contact pad near the far edge
-    cw, ch = r.ri(2 * mu, max(2 * mu, U // 8)), r.ri(max(3 * mv, V // 5), max(3 * mv, ph // 2))
-    cx = r.ri(x0 + pw + 3 * mu, U - mu - cw)
-    cyy = r.ri(max(mv, y0), min(V - mv, y0 + ph) - ch)
-    t = r.ri(mv, max(mv, ch // 3))
-    ly = r.ri(cyy, cyy + ch - t)
-    c.rect(x0 + pw, ly, cx - x0 - pw, t)
-    c.rect(cx, cyy, cw, ch)
-
-
-def _probe_pads(r, c, U, V, mu, mv):
-    n = r.ri(2, 8)
-    pw = r.ri(2 * mu, max(2 * mu, (U - 2 * mu) // n - mu))
-    p = pw + r.ri(mu, max(mu, (U - 2 * mu - n * pw) // max(1, n - 1)))
-    if (n - 1) * p + pw > U - 2 * mu:
-        raise _Retry
-    ph = r.ri(max(2 * mv, V // 8), max(2 * mv, V // 4))
-    dh = r.ri(mv, max(mv, V // 10))  # device bar
-    ww = r.even(mu, max(mu, pw // 3))
-    x0 = r.ri(mu, U - mu - (n - 1) * p - pw)
-    two_rows = r.coin() and V >= 2 * ph + dh + 6 * mv + 2 * ww
-    yt = V - mv - ph
-    yd = r.ri(mv + (ph + 2 * mv + ww if two_rows else 0), yt - 2 * mv - ww - dh)
-    c.rect(x0, yd, (n - 1) * p + pw, dh)
-    with c.loop("i", n):
-        c.rect(_lin(x0, ("i", p)), yt, pw, ph)
-        c.path([(_lin(x0 + pw // 2, ("i", p)), yt), (_lin(x0 + pw // 2, ("i", p)), yd + dh)], ww)
-    if two_rows:
-        with c.loop("i", n):
-            c.rect(_lin(x0, ("i", p)), mv, pw, ph)
-            c.path([(_lin(x0 + pw // 2, ("i", p)), mv + ph), (_lin(x0 + pw // 2, ("i", p)), yd)], ww)
-
-
-def _ring_bus(r, c, U, V, mu, mv):
-    t = r.even(mv, max(mv, V // 12))  # bus width
-    g = r.ri(mv, max(mv, V // 20))  # coupling gap
-    w = r.even(mu, max(mu + 1, V // 12))
-    rad = r.ri(w // 2 + mu, (V - 4 * mv - t - g - w) // 2)
-    ro = rad + w // 2
-    yb = r.ri(mv, V - mv - 2 * ro - g - t)
-    cy = yb + t + g + ro
-    cx = r.ri(ro + mu + U // 6, U - ro - mu - U // 6)
-    c.ring(cx, cy, rad, w)
-    c.rect(mu, yb, U - 2 * mu, t)
-    pw, ph = r.ri(2 * mu, max(2 * mu, cx - ro - 2 * mu)), r.ri(max(3 * mv, t + 2 * mv), max(3 * mv, 2 * ro))
-    py = r.ri(max(mv, yb + t - ph), min(yb, V - mv - ph))
-    with c.loop("i", 2):  # the two end pads
-        c.rect(_lin(mu, ("i", U - 2 * mu - pw)), py, pw, ph)
-
-
-def _frame_mark(r, c, U, V, mu, mv):
-    fw, fh = r.ri(max(12 * mu, U // 2), U - 2 * mu), r.ri(max(12 * mv, V // 2), V - 2 * mv)
-    x0, y0 = r.ri(mu, U - mu - fw), r.ri(mv, V - mv - fh)
-    tu, tv = r.ri(mu, max(mu, fw // 12)), r.ri(mv, max(mv, fh // 12))
-    c.rect(x0, y0, fw, fh)
-    c.rect(x0 + tu, y0 + tv, fw - 2 * tu, fh - 2 * tv, cut=True)
-    iu, iv = fw - 2 * tu, fh - 2 * tv  # interior
-    cu, cv = r.even(mu, max(mu, iu // 10)), r.even(mv, max(mv, iv // 10))  # cross bar widths
-    au, av = r.ri(iu // 4, iu // 2 - mu), r.ri(iv // 4, iv // 2 - mv)  # cross half arms
-    cx, cy = x0 + tu + iu // 2, y0 + tv + iv // 2
-    c.rect(cx - au, cy - cv // 2, 2 * au, cv)
-    c.rect(cx - cu // 2, cy - av, cu, 2 * av)
-    su = r.ri(mu, max(mu, iu // 2 - cu // 2 - 3 * mu))  # corner squares, clear of frame and cross
-    sv = r.ri(mv, max(mv, iv // 2 - cv // 2 - 3 * mv))
-    gu, gv = r.ri(mu, iu // 2 - cu // 2 - mu - su), r.ri(mv, iv // 2 - cv // 2 - mv - sv)
-    with c.loop("i", 2), c.loop("j", 2):
-        c.rect(_lin(x0 + tu + gu, ("i", iu - 2 * gu - su)), _lin(y0 + tv + gv, ("j", iv - 2 * gv - sv)), su, sv)
-
-# %% ../nbs/01_tasks.ipynb #e3ed0c0a
-def _meander(r, c, U, V, mu, mv):
-    lw, ct = r.ri(mu, max(mu, U // 40)), r.ri(mv, max(mv, V // 10))  # leg width (u), connector thickness (v)
-    pw = r.ri(2 * mu, max(2 * mu, U // 10))  # end pads
-    p = lw + r.ri(mu, max(mu, 2 * lw))
-    span = U - 2 * (mu + pw + 2 * mu)
-    n = r.ri(4, min(30, (span - lw) // p + 1))
-    hl = r.ri(max(4 * ct + 2 * mv, V // 2), V - 2 * mv)
-    y0 = r.ri(mv, V - mv - hl)
-    x0 = mu + pw + 2 * mu + r.ri(0, span - (n - 1) * p - lw)
-    with c.loop("i", n):
-        c.rect(_lin(x0, ("i", p)), y0, lw, hl)
-    with c.loop("i", 0, n - 1, 2):
-        c.rect(_lin(x0, ("i", p)), y0 + hl - ct, p + lw, ct)
-    with c.loop("i", 1, n - 1, 2):
-        c.rect(_lin(x0, ("i", p)), y0, p + lw, ct)
-    # leads to the end pads: leg 0 is free at the bottom; the last leg where its connector is not
-    ph = r.ri(max(3 * ct, V // 4), max(3 * ct, hl // 2))
-    c.rect(mu, y0, pw, ph)
-    c.rect(mu + pw, y0, x0 - mu - pw, ct)
-    xl = x0 + (n - 1) * p + lw
-    top_free = (n - 2) % 2 == 1
-    yl = y0 + hl - ct if top_free else y0
-    c.rect(xl, yl, U - mu - pw - xl, ct)
-    c.rect(U - mu - pw, y0 + hl - ph if top_free else y0, pw, ph)
-
-
-def _idc(r, c, U, V, mu, mv):
-    bt = r.ri(mv, max(mv, V // 8))  # bus thickness
-    fw = r.ri(mu, max(mu, U // 50))  # finger width
-    hp = fw + r.ri(mu, max(mu, fw))  # half pitch (finger + gap)
-    ge = r.ri(mv, max(mv, V // 10))  # end gap
-    lead = r.ri(0, 1) * r.ri(2 * mu, max(2 * mu, U // 10))
-    Lb_max = U - 2 * mu - 2 * lead
-    n = r.ri(3, max(3, min(30, (Lb_max - fw) // (2 * hp))))
-    Lb = 2 * hp * n - hp + fw  # the buses span both combs
-    if Lb > Lb_max or V < 2 * bt + ge + 3 * mv:
-        raise _Retry
-    x0 = mu + lead + r.ri(0, Lb_max - Lb)
-    H = r.ri(max(2 * bt + ge + 2 * mv, V // 2), V - 2 * mv)
-    y0 = r.ri(mv, V - mv - H)
-    fl = H - 2 * bt - ge
-    c.rect(x0, y0, Lb, bt)
-    c.rect(x0, y0 + H - bt, Lb, bt)
-    with c.loop("i", n):
-        c.rect(_lin(x0, ("i", 2 * hp)), y0 + bt, fw, fl)
-    with c.loop("i", n):
-        c.rect(_lin(x0 + hp, ("i", 2 * hp)), y0 + bt + ge, fw, fl)
-    if lead:
-        c.rect(x0 - lead, y0, lead, bt)
-        c.rect(x0 + Lb, y0 + H - bt, lead, bt)
-
-
-def _spiral(r, c, U, V, mu, mv):
-    w = r.even(mu, max(mu + 1, V // 16))
-    n = r.ri(2, 5)
-    pad = r.ri(2 * mu, max(2 * mu, U // 8))
-    x0, y0 = mu + pad, mv + w // 2 + r.ri(0, V // 10)
-    x1, y1 = U - mu - w // 2 - r.ri(0, U // 10), V - mv - w // 2 - r.ri(0, V // 10)
-    sx = r.ri(w + mu, max(w + mu, (x1 - x0 - w - mu) // (2 * n - 1)))
-    sy = r.ri(w + mv, max(w + mv, (y1 - y0 - w - mv) // (2 * n - 1)))
-    if x0 + n * sx + w + mu > x1 - (n - 1) * sx or y0 + n * sy + w + mv > y1 - (n - 1) * sy:
-        raise _Retry
-    c.line(f"pts = [{'({}, {})'.format(*c._xy(x0, y0))}]")
-    with c.loop("k", n):
-        a = [(_lin(x1, ("k", -sx)), _lin(y0, ("k", sy))), (_lin(x1, ("k", -sx)), _lin(y1, ("k", -sy))),
-             (_lin(x0 + sx, ("k", sx)), _lin(y1, ("k", -sy))), (_lin(x0 + sx, ("k", sx)), _lin(y0 + sy, ("k", sy)))]
-        c.line(f"pts += {c._pts(a)}")
-    c.line(f"path(pts, {_f(w)})")
-    ph = r.ri(max(2 * w, V // 6), max(2 * w, V // 3))
-    c.rect(mu, y0 - w // 2, pad + w // 2, ph)  # contact pad at the outer end
-    cw = r.ri(w, w + mu)  # landing square at the inner end
-    c.rect(x0 + n * sx - cw // 2, y0 + n * sy - cw // 2, cw, cw)
-
-
-def _array_of_arrays(r, c, U, V, mu, mv):
-    nbx, nby = r.ri(1, 4), r.ri(1, 3)
-    if nbx * nby < 2:
-        nbx = 2
-    s = r.even(mu, max(mu + 1, min(U // 24, V // 10)))  # via size
-    gu, gv = r.ri(mu, max(mu, s)), r.ri(mv, max(mv, s))
-    nx, ny = r.ri(2, 4), r.ri(2, 4)
-    if nbx * nby * (nx * ny + 1) > 120:
-        raise _Retry
-    mu_b, mv_b = r.ri(mu, 2 * mu), r.ri(mv, 2 * mv)  # block margin around the vias
-    bw = 2 * mu_b + nx * s + (nx - 1) * gu
-    bh = 2 * mv_b + ny * s + (ny - 1) * gv
-    Bu, Bv = bw + r.ri(mu, max(mu, bw // 2)), bh + r.ri(mv, max(mv, bh // 2))
-    x0, y0 = r.ri(mu, U - mu - (nbx - 1) * Bu - bw), r.ri(mv, V - mv - (nby - 1) * Bv - bh)
-    holes = r.coin()  # pads perforated by holes, or bare via arrays
-    with c.loop("bx", nbx), c.loop("by", nby):
-        if holes:
-            c.rect(_lin(x0, ("bx", Bu)), _lin(y0, ("by", Bv)), bw, bh)
-        with c.loop("i", nx), c.loop("j", ny):
-            c.rect(_lin(x0 + mu_b, ("bx", Bu), ("i", s + gu)), _lin(y0 + mv_b, ("by", Bv), ("j", s + gv)), s, s, cut=holes)
-
-
-def _ring_coupler(r, c, U, V, mu, mv):
-    t = r.even(mv, max(mv, V // 14))  # waveguide width
-    g = r.ri(mv, max(mv, V // 24))  # gaps
-    w = r.even(mu, max(mu + 1, V // 14))
-    drop = r.coin()
-    room = V - 2 * mv - (2 if drop else 1) * (t + g) - w
-    rad = r.ri(w // 2 + mu, room // 2)
-    ro = rad + w // 2
-    yb = r.ri(mv, V - mv - 2 * ro - g - t - (t + g if drop else 0))
-    cy = yb + t + g + ro
-    cx = r.ri(ro + mu + U // 5, U - ro - mu - U // 5)
-    c.ring(cx, cy, rad, w)
-    # bus with a grating-coupler taper at each end (mirrored pair)
-    tl, th = r.ri(2 * mu, max(2 * mu, U // 10)), r.even(max(4 * t, 3 * mv), max(4 * t, 3 * mv, 2 * ro))
-    ty = max(mv, min(V - mv - th, yb + t // 2 - th // 2))
-    xa, xb = mu + tl, U - mu - tl
-    c.rect(xa, yb, xb - xa, t)
-    with c.loop("i", 2):  # a taper at each end, mirrored by the loop
-        xo, xi = _lin(mu, ("i", U - 2 * mu)), _lin(xa, ("i", xb - xa))
-        c.polygon([(xo, ty), (xi, yb), (xi, yb + t), (xo, ty + th)])
-    if drop:  # drop port: a wire that couples over the ring and bends away
-        yd = cy + ro + g
-        xe = r.ri(cx + ro + 2 * mu, U - 2 * mu)
-        if yd + t + mv > V:
-            raise _Retry
-        xs = cx - ro - r.ri(mu, 2 * mu)
-        if t >= mu:  # wide enough to bend up to the edge
-            c.path([(xs, yd + t // 2), (xe, yd + t // 2), (xe, V - mv - t // 2)], t)
-        else:
-            c.rect(xs, yd, xe - xs, t)
-
-# %% ../nbs/01_tasks.ipynb #2fb4deeb
-@dataclass(frozen=True)
-class Family:
-    "A layout family: `draw(rng, code, U, V, mu, mv)` writes its program; `aspect_max` in hundredths."
-    name: str
-    level: int
-    draw: Callable
-    aspect_max: int
-    about: str
-
-
-FAMILIES: dict[int, tuple[Family, ...]] = {
-    0: (Family("pad", 0, _pad, 800, "one rectangular pad"),
-        Family("via", 0, _via, 300, "one round via"),
-        Family("ring", 0, _ring, 250, "one ring"),
-        Family("taper", 0, _taper, 1000, "one trapezoidal taper (polygon)"),
-        Family("wire", 0, _wire, 600, "one Manhattan wire (path)")),
-    1: (Family("cross", 1, _cross, 300, "alignment cross: two bars"),
-        Family("pad_pair", 1, _pad_pair, 800, "two or three pads"),
-        Family("pad_wire", 1, _pad_wire, 1000, "two pads joined by a wire"),
-        Family("taper_wg", 1, _taper_wg, 1200, "pad, taper and waveguide"),
-        Family("ell_marker", 1, _ell_marker, 400, "L-shaped corner mark with registration squares")),
-    2: (Family("grating", 2, _grating, 1400, "a row of lines (loop)"),
-        Family("wire_bus", 2, _wire_bus, 1400, "parallel wires (loop)"),
-        Family("via_array", 2, _via_array, 800, "2-D array of vias (loop nest)"),
-        Family("ring_array", 2, _ring_array, 600, "row or grid of rings (loop)"),
-        Family("cross_array", 2, _cross_array, 800, "array of crosses (loop)")),
-    3: (Family("grating_coupler", 3, _grating_coupler, 1200, "etched grating (cut loop), taper, waveguide"),
-        Family("pad_holes", 3, _pad_holes, 800, "perforated pad (cut array), lead, contact pad"),
-        Family("probe_pads", 3, _probe_pads, 1000, "probe pads with wires to a device bar"),
-        Family("ring_bus", 3, _ring_bus, 500, "ring resonator over a bus with end pads"),
-        Family("frame_mark", 3, _frame_mark, 300, "frame (cut), cross and corner squares")),
-    4: (Family("meander", 4, _meander, 3200, "meander line with end pads (parametric loops)"),
-        Family("idc", 4, _idc, 3200, "interdigitated capacitor: buses and two finger combs"),
-        Family("spiral", 4, _spiral, 400, "rectangular spiral inductor (parametric point loop)"),
-        Family("array_of_arrays", 4, _array_of_arrays, 2000, "blocks of via arrays (four nested loops)"),
-        Family("ring_coupler", 4, _ring_coupler, 600, "ring with bus, grating tapers and drop port")),
-}
-
+# %% ../nbs/01_tasks.ipynb #1b000007
 # (lo, hi, weight): aspect ratio in hundredths, drawn uniformly inside a bucket picked by weight
 _ASPECT_BUCKETS = {
     0: ((100, 160, 62), (160, 500, 33), (500, 1000, 5)),
@@ -579,7 +46,7 @@ _ASPECT_BUCKETS = {
 }
 
 
-def _sample_aspect(r: _Rng, level: int, aspect_max: int) -> int:
+def _sample_aspect(r: Rng, level: int, aspect_max: int) -> int:
     "Aspect ratio (long/short side, in hundredths) from the level's buckets, capped by the family."
     buckets = [(lo, min(hi, aspect_max), wt) for lo, hi, wt in _ASPECT_BUCKETS[level] if lo < aspect_max]
     u = r.ri(0, sum(wt for *_, wt in buckets) - 1)
@@ -618,7 +85,7 @@ def task_id(split: str, seed: int) -> str:
 
 def make_task(split: str, level: int, seed: int, max_tries: int = 200) -> dict:
     "One task record (masks as bool arrays) for `seed`; deterministic across machines."
-    r = _Rng(seed)
+    r = Rng(seed)
     fams = FAMILIES[level]
     fam = fams[r.ri(0, len(fams) - 1)]
     for _ in range(max_tries):
@@ -630,10 +97,10 @@ def make_task(split: str, level: int, seed: int, max_tries: int = 200) -> dict:
         transpose = r.coin()
         U, V = Q * long_, Q * short
         mu, mv = -(-3 * U // CAL_SHAPE[1]), -(-3 * V // CAL_SHAPE[0])  # 3 calibration pixels, rounded up
-        code = _Code(transpose)
+        code = Code(transpose)
         try:
             fam.draw(r, code, U, V, mu, mv)
-        except _Retry:
+        except Retry:
             continue
         program = code.source()
         footprint = (float(short), float(long_)) if transpose else (float(long_), float(short))
@@ -677,7 +144,7 @@ def _release_digest(digests: dict[str, dict[str, str]]) -> str:
             h.update(f"{split} {tid} {digests[split][tid]}\n".encode())
     return h.hexdigest()
 
-
+# %% ../nbs/01_tasks.ipynb #1b000002
 NEAR_DUPLICATE_IOU = 0.9  # a held-out model image this close to an earlier split's is skipped
 
 
@@ -778,7 +245,7 @@ def read_manifest(release: str = RELEASE) -> dict:
         raise DatasetIntegrityError(f"manifest {path}: the release digest does not match its per-task digests")
     return m
 
-
+# %% ../nbs/01_tasks.ipynb #1b000004
 def _write_cache(d: Path, release_recs: dict[str, list[dict]], rel_digest: str):
     "Write all splits atomically (tmp file + rename), then the stamp naming the release digest."
     for split, recs in release_recs.items():
@@ -921,7 +388,7 @@ def load_split(split: str, release: str = RELEASE) -> list[Task]:
     _compare(split, got, sealed, f"the cache in {d} was modified or corrupted (delete it to rebuild)")
     return sorted(tasks, key=lambda t: t.id)
 
-
+# %% ../nbs/01_tasks.ipynb #1b000005
 def release_digest(release: str = RELEASE) -> str:
     "The sealed release digest from the committed manifest (the manifest is checked for consistency)."
     return read_manifest(release)["release_digest"]

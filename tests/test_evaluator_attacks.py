@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pixrl import evaluator as ev
-from pixrl import geometry, tasks
+from pixrl import geometry, sandbox, tasks, worker
 from pixrl.evaluator import Limits, Status
 
 LIM = Limits(timeout_s=2.0)            # short wall timeout keeps the suite fast (2 s: margin on a loaded box)
@@ -168,7 +168,7 @@ def test_sandbox_layer_contains(k):
     name, src, accepted = UNGATED[k]
     if name == "mkdir" and os.geteuid() != 0:
         pytest.skip("mkdir in a world-writable dir is stopped by the chroot, which needs root (or isolation)")
-    st, n, reason, mask = ev._sandbox_run_ungated(src, limits=LIM)
+    st, n, reason, mask = sandbox._sandbox_run_ungated(src, limits=LIM)
     status = "EMPTY" if st == Status.OK and (mask is None or not mask.any()) else st.value
     assert status in accepted, (name, st, reason)
 
@@ -180,7 +180,7 @@ def test_sandbox_env_is_scrubbed():
     try:
         ev.shutdown_servers()   # the next server starts with the variables set in its parent
         src = "import os\nif 'AWS_SECRET_ACCESS_KEY' not in os.environ:\n    rect(0, 0, 10, 10)"
-        st, _, reason, mask = ev._sandbox_run_ungated(src, limits=LIM)
+        st, _, reason, mask = sandbox._sandbox_run_ungated(src, limits=LIM)
         assert st == Status.OK and mask.any(), reason
     finally:
         del os.environ["AWS_SECRET_ACCESS_KEY"], os.environ["PIXRL_ATTACK_SECRET"]
@@ -190,14 +190,14 @@ def test_sandbox_env_is_scrubbed():
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop that protects the server needs root")
 def test_sandbox_cannot_kill_server():
     pid_before = ev.server_stats()["server_pid"]
-    st, _, reason, _ = ev._sandbox_run_ungated("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", limits=LIM)
+    st, _, reason, _ = sandbox._sandbox_run_ungated("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)", limits=LIM)
     assert st == Status.RUNTIME_ERROR and "Permission" in reason, reason
     assert ev.server_stats()["server_pid"] == pid_before
 
 
 def test_server_death_is_infra_fault_then_recovers():
     "Killing the fork server from outside is an infrastructure fault: retried on a fresh server."
-    srv = ev._server(False)
+    srv = sandbox._server(False)
     srv.proc.kill(); srv.proc.wait()
     r = ev.evaluate(TASK, TASK.program, limits=LIM)
     assert r.ok and r.iou == 1.0
@@ -206,7 +206,7 @@ def test_server_death_is_infra_fault_then_recovers():
 def test_persistent_infra_fault_raises(monkeypatch):
     "A fault that survives the retries raises EvaluatorInfraError — never a silent zero."
     def broken(self, *a, **k): raise OSError("simulated broken pipe")
-    monkeypatch.setattr(ev._ForkServer, "run", broken)
+    monkeypatch.setattr(sandbox._ForkServer, "run", broken)
     with pytest.raises(ev.EvaluatorInfraError) as e:
         ev.evaluate_many([(TASK, TASK.program)], limits=LIM)
     assert e.value.results[0].status == Status.INFRA_FAULT
@@ -378,7 +378,7 @@ raise ValueError(f'budget {lo} MB')
 
 
 def memory_budget_mb(limits):
-    st, _, reason, _ = ev._sandbox_run_ungated(BUDGET_PROBE, limits=limits)
+    st, _, reason, _ = sandbox._sandbox_run_ungated(BUDGET_PROBE, limits=limits)
     assert reason.startswith("ValueError: budget"), reason
     return int(reason.split()[2])
 
@@ -413,7 +413,7 @@ def test_worker_exit_after_other_jobs_is_rerun_alone():
     "A worker that ends without a record after other jobs ran in it may have inherited their state: re-run alone."
     ok, exits = "rect(0, 0, 10, 10)", "import os\nos._exit(3)"
     before = ev.server_stats().get("rerun_solo", 0)
-    res = ev._run_sandboxed([(ok, (100.0, 80.0), (32, 32), LIM), (exits, (100.0, 80.0), (32, 32), LIM)],
+    res = sandbox.run_sandboxed([(ok, (100.0, 80.0), (32, 32), LIM), (exits, (100.0, 80.0), (32, 32), LIM)],
                             workers=1, batch=8, _ungated=True)
     assert res[0][0] == Status.OK and res[1][0] == Status.RUNTIME_ERROR and "code 3" in res[1][2], res
     assert ev.server_stats().get("rerun_solo", 0) == before + 1          # the verdict came from a fresh worker
@@ -423,8 +423,8 @@ def test_memory_error_in_the_gate_is_a_resource_limit(monkeypatch):
     "A MemoryError while parsing is a limit hit (re-run alone when it follows other jobs), never SOURCE_REJECTED."
     def no_memory(source, limits):
         raise MemoryError()
-    monkeypatch.setattr(ev, "_gate_compile", no_memory)
-    st, n, reason, mask = ev._execute("rect(0, 0, 1, 1)", (10.0, 10.0), (16, 16), LIM)    # in-process
+    monkeypatch.setattr(worker, "gate_compile", no_memory)
+    st, n, reason, mask = worker.execute("rect(0, 0, 1, 1)", (10.0, 10.0), (16, 16), LIM)    # in-process
     assert st == Status.RESOURCE_LIMIT and "MemoryError" in reason and mask is None
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pixrl import evaluator as ev
-from pixrl import geometry, reward as rw, tasks
+from pixrl import geometry, metrics, reward as rw, sandbox, tasks
 from pixrl.evaluator import EvalResult, Limits, Status
 
 
@@ -117,7 +117,7 @@ def test_bad_input_is_a_status_or_a_clear_error():
 
 def test_task_without_cached_baseline_is_computed_on_demand():
     t = FixtureTask("ring(32, 16, 10, 3)", tid="fresh")
-    rw._BASELINES.clear(); ev._TARGET_CACHE.clear()
+    rw._BASELINES.clear(); metrics._TARGET_CACHE.clear()
     fn = rw.make_reward_fn({t.id: t})
     assert fn(prompts=["p"], completions=["ring(32, 16, 10, 3)"], task_id=["fresh"]) == [pytest.approx(1.0)]
 
@@ -143,13 +143,13 @@ def test_worker_death_is_retried_not_zeroed(monkeypatch):
     "A worker killed from outside is INFRA_FAULT in the server; the parent retries it and gets OK."
     t = FixtureTask("circle(32, 16, 10)", tid="c")
     calls = {"n": 0}
-    real = ev._ForkServer.run
+    real = sandbox._ForkServer.run
     def flaky(self, jobs, *a, **k):
         calls["n"] += 1
         if calls["n"] == 1:
             return {i: ("INFRA_FAULT", 0, "worker killed from outside (SIGKILL)", None, 0.0) for i in jobs}
         return real(self, jobs, *a, **k)
-    monkeypatch.setattr(ev._ForkServer, "run", flaky)
+    monkeypatch.setattr(sandbox._ForkServer, "run", flaky)
     r = ev.evaluate(t, t.program)
     assert r.ok and calls["n"] == 2
 
@@ -175,7 +175,7 @@ def test_isolation_mode_or_clear_refusal(monkeypatch):
         assert "PIXRL_REQUIRE_ISOLATION" in str(e)
     else:
         assert r.ok and r.iou == 1.0
-        st, _, reason, _ = ev._sandbox_run_ungated("import os\nos.listdir('/')", limits=Limits(timeout_s=2))
+        st, _, reason, _ = sandbox._sandbox_run_ungated("import os\nos.listdir('/')", limits=Limits(timeout_s=2))
         assert st == Status.RUNTIME_ERROR
     finally:
         ev.shutdown_servers()
