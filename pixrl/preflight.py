@@ -27,10 +27,9 @@ from . import tasks as _tasks
 
 # %% auto #0
 __all__ = ['CHECK_NAMES', 'UNDOCUMENTED_PROBES', 'SVG_UNDOCUMENTED_PROBES', 'MAX_IDS_REPORTED', 'GT_MIN_REWARD', 'RECT_FLOOR_TOL',
-           'PreflightError', 'Check', 'PreflightReport', 'check_data', 'check_git', 'documented_signatures',
-           'probe_call', 'accepted_names', 'documented_svg_elements', 'probe_svg', 'check_whitelist', 'token_lengths',
-           'uses_chat_template', 'policy_prompt_text', 'check_tokens', 'control_sample', 'check_positive_control',
-           'run_preflight', 'cli_main']
+           'PreflightError', 'Check', 'PreflightReport', 'check_data', 'check_git', 'probe_call', 'accepted_names',
+           'probe_svg', 'check_whitelist', 'token_lengths', 'uses_chat_template', 'policy_prompt_text', 'check_tokens',
+           'control_sample', 'check_positive_control', 'run_preflight', 'cli_main']
 
 # %% ../nbs/13_preflight.ipynb #2d7c2106
 CHECK_NAMES = ("data", "git", "whitelist", "token_audit", "positive_control")
@@ -206,19 +205,6 @@ def check_git(require_clean: bool = False, root=None) -> Check:
 # %% ../nbs/13_preflight.ipynb #a7ca8ced
 UNDOCUMENTED_PROBES = ("open", "eval", "exec", "getattr", "__import__", "print", "globals", "type", "math",
                        "np", "os", "square", "rectangle", "line", "polyline", "arc", "union", "translate", "text")
-_SIG = re.compile(r"^\s*([A-Za-z_]\w*)\(([^()]*)\)")
-
-
-def documented_signatures(doc: str) -> dict:
-    "`{name: [param, ...]}` for every line of an API doc that starts with a call signature `name(a, b)`."
-    out = {}
-    for line in doc.splitlines():
-        m = _SIG.match(line)
-        if m:
-            out[m.group(1)] = [p.strip() for p in m.group(2).split(",") if p.strip()]
-    return out
-
-
 def probe_call(name: str, params) -> str:
     "A one-line program calling `name` with valid-looking arguments chosen by parameter name."
     arg = {"points": "[(1, 1), (3, 1), (3, 3)]", "shape": "circle(2, 2, 1)"}
@@ -226,23 +212,12 @@ def probe_call(name: str, params) -> str:
 
 
 def accepted_names(representation: str = "py") -> tuple:
-    """`(names, source)`: the names the evaluator's gate accepts and where that set was read.
-    py: names a program may reference (besides names it binds itself) — a public set if the
-    evaluator publishes one, then the gate's own frozen copy, then the geometry whitelist it is built
-    from, minus the gate's `FORBIDDEN_NAMES`. svg: the element names its SVG parser accepts."""
+    """`(names, source)`: the registry the evaluator's gate accepts from and where it was read. py: the
+    names a program may reference besides its own (`ALLOWED_NAMES` minus `FORBIDDEN_NAMES`); svg: the
+    element names its SVG parser accepts (`SVG_ELEMENTS`). Read at call time, so a patched set is seen."""
     if representation == "svg":
-        for attr in ("SVG_ELEMENTS", "_SVG_ATTRS"):
-            if getattr(_evaluator, attr, None):
-                return frozenset(getattr(_evaluator, attr)), f"evaluator.{attr}"
-        raise ValueError("the evaluator publishes no SVG element set (looked for SVG_ELEMENTS, _SVG_ATTRS)")
-    for attr in ("ALLOWED_NAMES", "API_NAMES", "_API_NAMES"):
-        base = getattr(_evaluator, attr, None)
-        if base:
-            src = f"evaluator.{attr}"
-            break
-    else:
-        base, src = _geometry.allowed_names(), "geometry.allowed_names()"
-    return frozenset(base) - frozenset(_evaluator.FORBIDDEN_NAMES), src
+        return frozenset(_evaluator.SVG_ELEMENTS), "evaluator.SVG_ELEMENTS"
+    return frozenset(_evaluator.ALLOWED_NAMES) - frozenset(_evaluator.FORBIDDEN_NAMES), "evaluator.ALLOWED_NAMES"
 
 
 def _gate_sweep_names(documented) -> list:
@@ -254,17 +229,6 @@ def _gate_sweep_names(documented) -> list:
 
 SVG_UNDOCUMENTED_PROBES = ("ellipse", "line", "polyline", "text", "image", "script", "use", "foreignObject",
                            "style", "a", "defs", "symbol", "animate", "set", "iframe")
-_SVG_EL = re.compile(r"^\s*<([A-Za-z]\w*)\b([^>]*?)/?>")
-
-
-def documented_svg_elements(doc: str) -> dict:
-    "`{element: [attribute, ...]}` for every line of an SVG doc that starts with an element `<name a= b=/>`."
-    out = {}
-    for line in doc.splitlines():
-        m = _SVG_EL.match(line)
-        if m:
-            out[m.group(1)] = re.findall(r"([A-Za-z][\w-]*)=", m.group(2))
-    return out
 
 
 def probe_svg(name: str | None, attrs=()) -> str:
@@ -274,28 +238,27 @@ def probe_svg(name: str | None, attrs=()) -> str:
     return f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 20 20">{inner}</svg>'
 
 
-def _whitelist_probes(rep: str, doc: str, documented, accepted) -> tuple:
-    """`(sigs, probes, sweep)`: the doc's own signature lines, the probe programs `{name: (source, kind)}`
-    (kind documented / accepted_only / undocumented) and the extra gate-only sweep names."""
+def _whitelist_probes(rep: str, documented, accepted) -> tuple:
+    """`(calls, probes, sweep)`: the prompt registry's documented calls `{name: (param or attribute, ...)}`, the
+    probes `{name: (source, kind)}` (kind documented / accepted_only / undocumented), the gate-only sweep names."""
+    calls = _prompt.documented_calls(rep)
     if rep == "svg":
-        sigs = documented_svg_elements(doc)
-        probes = {n: (probe_svg(None if n == "svg" else n, sigs.get(n, ())), "documented") for n in sorted(documented)}
+        probes = {n: (probe_svg(None if n == "svg" else n, calls.get(n, ())), "documented") for n in sorted(documented)}
         # accepted-only elements are already named by the set difference; their required attributes
         # are not documented, so no probe could be written for them
         for n in SVG_UNDOCUMENTED_PROBES:
             if n not in documented:
                 probes.setdefault(n, (probe_svg(n), "undocumented"))
-        return sigs, probes, []
-    sigs = documented_signatures(doc)
+        return calls, probes, []
     probes = {}
     for n in sorted(documented | accepted):
         kind = "documented" if n in documented else "accepted_only"
-        probes[n] = (probe_call(n, sigs[n]) if n in sigs else f"v = {n}\n", kind)
+        probes[n] = (probe_call(n, calls[n]) if n in calls else f"v = {n}\n", kind)
     for n in UNDOCUMENTED_PROBES:
         if n not in documented:
             probes.setdefault(n, (f"{n}(1)\n", "undocumented"))
     sweep = [n for n in _gate_sweep_names(documented) if n not in probes]
-    return sigs, probes, sweep
+    return calls, probes, sweep
 
 
 def _probe_task():
@@ -311,8 +274,8 @@ def _probe_task():
 
 
 def check_whitelist(prompt_spec=None, sample_task=None) -> Check:
-    """Documented names (prompt API doc) ⇔ names the sandbox accepts, as sets and by probing the real
-    gate and sandbox. `sample_task`: a task to build one prompt from (to see the doc is in it)."""
+    """Documented names (the prompt's doc registries) ⇔ names the sandbox accepts (the gate's registries), as sets
+    and by probing the real gate and sandbox. `sample_task`: one prompt is built from it (to see the doc is in it)."""
     spec = prompt_spec or _prompt.PromptSpec()
     rep = spec.representation
     if rep not in ("py", "svg"):
@@ -321,10 +284,9 @@ def check_whitelist(prompt_spec=None, sample_task=None) -> Check:
     doc = _prompt.api_doc(rep)
     documented = frozenset(_prompt.documented_names(rep))
     accepted, accepted_source = accepted_names(rep)
-    sigs, probes, sweep = _whitelist_probes(rep, doc, documented, accepted)
+    calls, probes, sweep = _whitelist_probes(rep, documented, accepted)
     words = set(re.findall(r"[A-Za-z_]\w*", doc))
-    not_in_text = sorted(n for n in documented if n not in words)
-    sig_not_documented = sorted(set(sigs) - documented)  # a doc line documented_names failed to parse
+    not_in_text = sorted(n for n in documented if n not in words)  # the rendered doc lost a registry name
     prompt_shows_doc = None
     if spec.api_doc and sample_task is not None:
         prompt_shows_doc = doc in _prompt.build_prompt(sample_task, replace(spec, vision=False))
@@ -349,15 +311,14 @@ def check_whitelist(prompt_spec=None, sample_task=None) -> Check:
         "representation": rep, "documented": sorted(documented), "accepted": sorted(accepted),
         "accepted_source": accepted_source, "n_gate_sweep": len(sweep),
         "documented_not_accepted": sorted(documented - accepted), "accepted_not_documented": sorted(accepted - documented),
-        "documented_not_in_doc_text": not_in_text, "doc_signatures_not_documented": sig_not_documented,
-        "prompt_shows_doc": prompt_shows_doc, "prompt_api_doc": spec.api_doc,
+        "documented_not_in_doc_text": not_in_text, "prompt_shows_doc": prompt_shows_doc, "prompt_api_doc": spec.api_doc,
         "documented_rejected_by_gate": doc_rejected, "documented_not_running": doc_not_running,
         "accepted_rejected_by_gate": acc_rejected, "undocumented_accepted_by_gate": undoc_accepted,
         "undocumented_ran": undoc_ran, "probes": {n: {"program": p, "kind": k, "gate": gate[n], "status": status[n]}
                                                   for n, (p, k) in probes.items()},
     }
     problems = {k: detail[k] for k in ("documented_not_accepted", "accepted_not_documented", "documented_not_in_doc_text",
-                                       "doc_signatures_not_documented", "documented_rejected_by_gate", "documented_not_running",
+                                       "documented_rejected_by_gate", "documented_not_running",
                                        "accepted_rejected_by_gate", "undocumented_accepted_by_gate", "undocumented_ran")
                 if detail[k]}
     if prompt_shows_doc is False:
@@ -368,9 +329,9 @@ def check_whitelist(prompt_spec=None, sample_task=None) -> Check:
     else:
         n_undoc = sum(k == "undocumented" for _, k in probes.values()) + len(sweep)
         what = "elements" if rep == "svg" else "names"
-        calls = "" if rep == "svg" else f" ({len(sigs)} of them drawing calls)"
+        n_calls = "" if rep == "svg" else f" ({len(calls)} of them drawing calls)"
         summary = (f"{rep}: {n_doc} documented = {len(accepted)} accepted {what}, each passes the gate and runs in the "
-                   f"sandbox{calls}; {n_undoc} undocumented {what} rejected by the gate")
+                   f"sandbox{n_calls}; {n_undoc} undocumented {what} rejected by the gate")
         if not spec.api_doc:
             summary += " (this spec omits the doc from the prompt)"
     return Check("whitelist", not problems, detail, summary=summary)

@@ -10,9 +10,10 @@ import numpy as np
 from .geometry import API_REGISTRY, MATH_NAMES, SAFE_BUILTINS, allowed_names
 
 # %% auto #0
-__all__ = ['ANISOTROPY_THRESHOLD', 'REPRESENTATIONS', 'RASTER_RULES', 'SVG_DOC', 'ANSWER_FORMAT', 'PromptSpec', 'api_doc',
-           'documented_names', 'render_scale', 'anisotropy', 'raster', 'prompt_text', 'build_prompt', 'model_image_pil',
-           'prompt_image', 'user_turn', 'build_messages', 'thinking_kwargs', 'feed_text']
+__all__ = ['ANISOTROPY_THRESHOLD', 'REPRESENTATIONS', 'RASTER_RULES', 'SVG_REGISTRY', 'SVG_CONTAINERS', 'SVG_DOC',
+           'ANSWER_FORMAT', 'PromptSpec', 'SvgEntry', 'api_doc', 'documented_names', 'documented_calls', 'render_scale',
+           'anisotropy', 'raster', 'prompt_text', 'build_prompt', 'model_image_pil', 'prompt_image', 'user_turn',
+           'build_messages', 'thinking_kwargs', 'feed_text']
 
 # %% ../nbs/02_prompt.ipynb #bb541baa
 ANISOTROPY_THRESHOLD = 1.6
@@ -51,35 +52,76 @@ class PromptSpec:
             raise ValueError(f"PromptSpec.image_size={self.image_size!r}; accepted: a multiple of 64")
 
 # %% ../nbs/02_prompt.ipynb #00d33275
-SVG_DOC = """SVG (units um; <svg viewBox="0 0 W H"> is the footprint; y grows DOWN from the top edge):
-<rect x= y= width= height=/>  # filled rectangle, (x, y) = its top-left corner
-<circle cx= cy= r=/>  # filled disc; fill="none" stroke-width="w": a ring of width w
-<polygon points="x1,y1 x2,y2 x3,y3"/>  # filled polygon
-<path d="M x y L x y H x V y Z" stroke-width="w"/>  # wire of width w (commands M L H V Z)
-fill="white" removes material drawn before it; <g> groups. Nothing else."""
+@dataclass(frozen=True)
+class SvgEntry:
+    """One SVG shape element as the prompt documents it (the svg counterpart of `geometry.ApiEntry`).
+    attrs: `(attribute, example)` pairs in the order shown; an empty example is shown bare (`x=`)."""
+    name: str
+    attrs: tuple
+    doc: str
+
+    @property
+    def signature(self) -> str:
+        "The element as the doc shows it, e.g. `<circle cx= cy= r=/>`."
+        shown = [f'{a}="{v}"' if v else f"{a}=" for a, v in self.attrs]
+        return f"<{self.name} {' '.join(shown)}/>"
+
+
+SVG_REGISTRY: dict[str, SvgEntry] = {e.name: e for e in [
+    SvgEntry("rect", (("x", ""), ("y", ""), ("width", ""), ("height", "")),
+             "filled rectangle, (x, y) = its top-left corner"),
+    SvgEntry("circle", (("cx", ""), ("cy", ""), ("r", "")),
+             'filled disc; fill="none" stroke-width="w": a ring of width w'),
+    SvgEntry("polygon", (("points", "x1,y1 x2,y2 x3,y3"),), "filled polygon"),
+    SvgEntry("path", (("d", "M x y L x y H x V y Z"), ("stroke-width", "w")), "wire of width w (commands M L H V Z)"),
+]}
+SVG_CONTAINERS = ("svg", "g")  # documented by the header and footer lines, not as shapes
+_DOC_HEAD = {"py": "API (units um, origin lower-left, y up; shapes add material, cut removes it):",
+             "svg": 'SVG (units um; <svg viewBox="0 0 W H"> is the footprint; y grows DOWN from the top edge):'}
+
+
+def _doc_registry(representation: str) -> dict:
+    "The registry `api_doc(representation)` renders one line per entry from."
+    if representation not in REPRESENTATIONS:
+        raise ValueError(f"unknown representation {representation!r}; accepted: {REPRESENTATIONS}")
+    return SVG_REGISTRY if representation == "svg" else API_REGISTRY
 
 
 def api_doc(representation: str = "py") -> str:
-    """The API documentation block for `representation`: for "py" generated from the geometry
-    registry; for "svg" the element subset the evaluator's SVG parser accepts."""
-    if representation not in REPRESENTATIONS:
-        raise ValueError(f"unknown representation {representation!r}; accepted: {REPRESENTATIONS}")
+    """The API documentation block for `representation`, rendered from its registry: for "py"
+    `geometry.API_REGISTRY` and the other allowed names; for "svg" `SVG_REGISTRY`, the element subset
+    the evaluator's SVG parser accepts."""
+    lines = [f"{e.signature}  # {e.doc}" for e in _doc_registry(representation).values()]
     if representation == "svg":
-        return SVG_DOC
-    lines = ["API (units um, origin lower-left, y up; shapes add material, cut removes it):"]
-    lines += [f"{e.signature}  # {e.doc}" for e in API_REGISTRY.values()]
-    lines.append("Also allowed: " + " ".join(SAFE_BUILTINS + MATH_NAMES) + ". Nothing else (no imports).")
-    return "\n".join(lines)
+        tail = 'fill="white" removes material drawn before it; <g> groups. Nothing else.'
+    else:
+        tail = "Also allowed: " + " ".join(SAFE_BUILTINS + MATH_NAMES) + ". Nothing else (no imports)."
+    return "\n".join([_DOC_HEAD[representation], *lines, tail])
+
+
+SVG_DOC = api_doc("svg")  # rendered once at import; api_doc("svg") re-renders from SVG_REGISTRY
 
 
 def documented_names(representation: str = "py") -> frozenset[str]:
-    "The names `api_doc` documents: the drawing calls plus the 'Also allowed' list (svg: the elements)."
+    """The names `api_doc` documents, read from the registries it renders: the drawing calls plus the
+    'Also allowed' names (svg: the shape elements plus `<svg>` and `<g>`)."""
+    registry = _doc_registry(representation)
     if representation == "svg":
-        return frozenset(["svg", "g"] + [line[1:].split()[0] for line in SVG_DOC.splitlines()[1:-1]])
-    doc = api_doc(representation).splitlines()
-    calls = {line.split("(")[0] for line in doc[1:-1]}
-    extra = doc[-1].removeprefix("Also allowed: ").split(".")[0].split()
-    return frozenset(calls) | frozenset(extra)
+        return frozenset(SVG_CONTAINERS) | frozenset(registry)
+    return frozenset(registry) | frozenset(SAFE_BUILTINS) | frozenset(MATH_NAMES)
+
+
+def documented_calls(representation: str = "py") -> dict[str, tuple[str, ...]]:
+    """`{name: (parameter, ...)}` for each registry line of `api_doc`: a drawing function's parameters,
+    from its signature (py), or a shape element's documented attributes (svg)."""
+    out = {}
+    for name, e in _doc_registry(representation).items():
+        if representation == "svg":
+            out[name] = tuple(a for a, _ in e.attrs)
+        else:
+            params = e.signature.split("(", 1)[1].rsplit(")", 1)[0].split(",")
+            out[name] = tuple(p.strip() for p in params if p.strip())
+    return out
 
 # %% ../nbs/02_prompt.ipynb #a404a9a2
 def _image_px(task, spec: PromptSpec | None) -> tuple[int, int]:

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pixrl.geometry import allowed_names
-from pixrl.prompt import (ANISOTROPY_THRESHOLD, PromptSpec, anisotropy, api_doc, build_messages, build_prompt,
-                          documented_names, raster, render_scale)
+from pixrl.geometry import API_REGISTRY, allowed_names
+from pixrl.prompt import (ANISOTROPY_THRESHOLD, SVG_DOC, SVG_REGISTRY, PromptSpec, anisotropy, api_doc, build_messages,
+                          build_prompt, documented_calls, documented_names, raster, render_scale)
 from pixrl.tasks import load_split
 
 
@@ -84,6 +84,29 @@ def test_api_doc_is_the_whitelist_and_can_be_dropped(train):
     for p in (full, tiny):
         assert p.rstrip().endswith("Answer with one ```python block containing only the program.")
     assert len(tiny) < 600
+
+
+def test_api_doc_is_rendered_from_the_registries():
+    "One doc line per registry entry, in order, between header and footer; documented names/calls read the registries."
+    for rep, registry in (("py", API_REGISTRY), ("svg", SVG_REGISTRY)):
+        lines = api_doc(rep).splitlines()
+        assert lines[1:-1] == [f"{e.signature}  # {e.doc}" for e in registry.values()]
+        assert set(documented_calls(rep)) == set(registry) and set(registry) <= documented_names(rep)
+    assert documented_calls()["path"] == ("points", "width")
+    assert documented_calls("svg")["rect"] == ("x", "y", "width", "height")
+    with pytest.raises(ValueError, match="svgx"):
+        documented_names("svgx")
+
+
+def test_svg_doc_text_is_unchanged_by_generating_it():
+    "The rendered svg block is the contract-v3 text, byte for byte (a changed prompt changes model behaviour)."
+    assert api_doc("svg") == SVG_DOC == (
+        'SVG (units um; <svg viewBox="0 0 W H"> is the footprint; y grows DOWN from the top edge):\n'
+        '<rect x= y= width= height=/>  # filled rectangle, (x, y) = its top-left corner\n'
+        '<circle cx= cy= r=/>  # filled disc; fill="none" stroke-width="w": a ring of width w\n'
+        '<polygon points="x1,y1 x2,y2 x3,y3"/>  # filled polygon\n'
+        '<path d="M x y L x y H x V y Z" stroke-width="w"/>  # wire of width w (commands M L H V Z)\n'
+        'fill="white" removes material drawn before it; <g> groups. Nothing else.')
 
 
 def test_raster_rules():

@@ -130,9 +130,9 @@ def test_bad_manifest_fails_data_check(tmp_path, monkeypatch, fault):
 
 
 def test_documented_name_unknown_to_the_sandbox_fails_whitelist(monkeypatch):
-    real = PR.api_doc
-    monkeypatch.setattr(PR, "api_doc", lambda rep="py": real(rep).replace(
-        "\nAlso allowed", "\nspiral(cx, cy, turns)  # an Archimedean spiral\nAlso allowed"))
+    # the prompt's registry documents a function the gate's ALLOWED_NAMES (frozen at import) does not hold
+    monkeypatch.setitem(G.API_REGISTRY, "spiral", G.ApiEntry("spiral", "spiral(cx, cy, turns)", "an Archimedean spiral"))
+    assert "spiral(cx, cy, turns)  # an Archimedean spiral" in PR.api_doc()
     rep = P.run_preflight(only=("whitelist",))
     w = rep["whitelist"]
     assert not rep.ok and "spiral" in w.summary
@@ -142,13 +142,24 @@ def test_documented_name_unknown_to_the_sandbox_fails_whitelist(monkeypatch):
         rep.raise_if_failed()
 
 
-def test_doc_line_that_documented_names_misses_fails_whitelist(monkeypatch):
-    # documented_names (the prompt's own parse of its doc) misses a line; the independent signature parse does not
+def test_name_the_prompt_does_not_document_fails_whitelist(monkeypatch):
+    # the prompt's documented set misses a name the sandbox allows
     real = PR.documented_names
     monkeypatch.setattr(PR, "documented_names", lambda rep="py": real(rep) - {"ring"})
     w = P.run_preflight(only=("whitelist",))["whitelist"]
-    assert not w.ok and w.detail["doc_signatures_not_documented"] == ["ring"] and "ring" in w.summary
-    assert w.detail["accepted_not_documented"] == ["ring"]
+    assert not w.ok and w.detail["accepted_not_documented"] == ["ring"] and "ring" in w.summary
+    assert w.detail["probes"]["ring"] == {"program": "ring(2, 2, 2, 2)\n", "kind": "accepted_only", "gate": None,
+                                          "status": "OK"}
+
+
+def test_rendered_doc_that_loses_a_registry_name_fails_whitelist(monkeypatch):
+    # the registries agree, but the doc the prompt shows dropped the ring line
+    real = PR.api_doc
+    monkeypatch.setattr(PR, "api_doc", lambda rep="py": "\n".join(
+        line for line in real(rep).splitlines() if not line.startswith("ring(")))
+    w = P.run_preflight(only=("whitelist",))["whitelist"]
+    assert not w.ok and w.detail["documented_not_in_doc_text"] == ["ring"] and "ring" in w.summary
+    assert w.detail["documented_not_accepted"] == [] and w.detail["accepted_not_documented"] == []
 
 
 def test_registry_entry_without_sandbox_implementation_fails(monkeypatch):
@@ -164,12 +175,9 @@ def test_registry_entry_without_sandbox_implementation_fails(monkeypatch):
 
 
 def test_undocumented_name_accepted_by_the_gate_fails_whitelist(monkeypatch):
-    # widen the gate's whitelist by one builtin the gate does not forbid (wherever the gate reads it)
+    # widen the gate's whitelist (the registry check_source passes to the gate) by one builtin it does not forbid
     import pixrl.evaluator as E
-    monkeypatch.setattr(G, "allowed_names", lambda real=G.allowed_names: real() | {"hex"})
-    for attr in ("ALLOWED_NAMES", "API_NAMES", "_API_NAMES"):
-        if getattr(E, attr, None):
-            monkeypatch.setattr(E, attr, frozenset(getattr(E, attr)) | {"hex"})
+    monkeypatch.setattr(E, "ALLOWED_NAMES", frozenset(E.ALLOWED_NAMES) | {"hex"})
     assert E.check_source("hex(1)\n") is None  # the patch really leaks
     w = P.run_preflight(only=("whitelist",))["whitelist"]
     assert not w.ok and w.detail["accepted_not_documented"] == ["hex"] and "hex" in w.summary
@@ -191,11 +199,22 @@ def test_svg_whitelist_passes_and_catches_a_documented_element_the_parser_reject
     ok = P.run_preflight(prompt_spec=svg, only=("whitelist",))["whitelist"]
     n = len(PR.documented_names("svg"))
     assert ok.ok and ok.summary.startswith(f"svg: {n} documented = {n} accepted elements, each passes"), ok.summary
-    lines = PR.SVG_DOC.splitlines()
-    monkeypatch.setattr(PR, "SVG_DOC", "\n".join(lines[:-1] + ["<ellipse cx= cy= rx= ry=/>  # ellipse"] + lines[-1:]))
+    ellipse = PR.SvgEntry("ellipse", (("cx", ""), ("cy", ""), ("rx", ""), ("ry", "")), "ellipse")
+    monkeypatch.setitem(PR.SVG_REGISTRY, "ellipse", ellipse)
+    assert "<ellipse cx= cy= rx= ry=/>  # ellipse" in PR.api_doc("svg")
     bad = P.run_preflight(prompt_spec=svg, only=("whitelist",))["whitelist"]
     assert not bad.ok and bad.detail["documented_not_accepted"] == ["ellipse"] and "ellipse" in bad.summary
     assert list(bad.detail["documented_rejected_by_gate"]) == ["ellipse"]
+    assert bad.detail["probes"]["ellipse"]["program"].endswith('<ellipse cx="2" cy="2" rx="2" ry="2"/></svg>')
+
+
+def test_svg_element_the_prompt_does_not_document_fails_whitelist(monkeypatch):
+    # the parser accepts <polygon>, the prompt's svg registry no longer documents it
+    # a new dict, not delitem: undoing a delitem re-inserts at the end and would reorder the real doc
+    monkeypatch.setattr(PR, "SVG_REGISTRY", {k: e for k, e in PR.SVG_REGISTRY.items() if k != "polygon"})
+    assert "<polygon" not in PR.api_doc("svg")
+    w = P.run_preflight(prompt_spec=PR.PromptSpec(representation="svg"), only=("whitelist",))["whitelist"]
+    assert not w.ok and w.detail["accepted_not_documented"] == ["polygon"] and "polygon" in w.summary
 
 
 def test_tiny_budget_fails_token_audit_naming_task_ids(val):
