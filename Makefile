@@ -64,3 +64,14 @@ lab: setup
 
 clean-nbs: setup
 	nbdev_clean
+
+# Optional lerobot 0.4.4 (VQ-BeT) in a private folder ($PIXRL_CACHE/envs/lerobot-0.4.4), never in .venv: its pins
+# (torch<2.11, huggingface-hub<0.36) conflict with pixrl's. Only the lerobot check below sees it; `make test` does not need it.
+.PHONY: lerobot-env offset-lerobot
+lerobot-env: setup
+	PY=$(PY) bash scripts/lerobot_env.sh
+
+# lerobot's shipped VQ-BeT under the offset probes: its adapter test, then the evidence run (~15 min on 2 shared cores).
+offset-lerobot: lerobot-env
+	python -m pytest -q -p no:cacheprovider tests/test_offset_lerobot.py
+	papermill nbs/offset_lerobot.ipynb runs/offset_lerobot.ipynb --cwd nbs

@@ -11,10 +11,12 @@ from .tokenizer import ResidualVQ
 from .objective import ActionPolicy, JointPolicyObjective, fit_policy
 
 # %% auto #0
-__all__ = ['cancellation_ratio', 'offset_decode_regression', 'code_entropy', 'entropy_quartiles', 'cancellation_report',
-           'policy_outputs', 'contamination_audit', 'pedal_rates', 'pedal_report', 'residual_unimodality',
-           'conflict_surface', 'conflict_filtered_tokenizer', 'evaluate_policy', 'cache_features',
-           'retrain_offset_head', 'coretrain_heads']
+__all__ = ['REQUIRED_OUTPUTS', 'cancellation_ratio', 'offset_decode_regression', 'code_entropy', 'entropy_quartiles',
+           'cancellation_report', 'check_codes', 'gather_offsets', 'all_code_combinations', 'OffsetAdapter',
+           'as_adapter', 'checked_heads', 'ObjectiveAdapter', 'vqbet_offset_table', 'vqbet_teacher_forced_action',
+           'VQBeTTeacherForcing', 'VQBeTAdapter', 'policy_outputs', 'contamination_audit', 'pedal_rates',
+           'pedal_report', 'residual_unimodality', 'conflict_surface', 'conflict_filtered_tokenizer', 'evaluate_policy',
+           'seed_ci', 'paired_seed_ci', 'cache_features', 'retrain_offset_head', 'coretrain_heads']
 
 # %% ../../nbs/32_offset_probes.ipynb #e9857c09
 def _as_table(decoded: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -82,22 +84,220 @@ def cancellation_report(decoded, offsets, entropy, weights=None) -> pd.DataFrame
         rows.append(row)
     return pd.DataFrame(rows)
 
+# %% ../../nbs/32_offset_probes.ipynb #dd09708c
+REQUIRED_OUTPUTS = ("code_logits", "offsets")      # what OffsetAdapter.heads must return
+_ADAPTER_METHODS = ("heads", "decode", "encode")    # what a subclass must implement
+
+def check_codes(codes, n_groups: int, n_codes: int) -> torch.Tensor:
+    "(b, g) integer codes, each in [0, n_codes); refused with the offending shape or range."
+    codes = torch.as_tensor(codes)
+    if codes.ndim != 2 or codes.shape[1] != n_groups:
+        raise ValueError(f"codes must be (b, {n_groups}) (one code per group), got shape {tuple(codes.shape)}")
+    if codes.dtype.is_floating_point or codes.dtype == torch.bool:
+        raise ValueError(f"codes must be integers, got dtype {codes.dtype}")
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= n_codes):
+        raise ValueError(f"codes must lie in [0, {n_codes}) (the codebook's range), got range [{int(codes.min())}, {int(codes.max())}]")
+    return codes.long()
+
+def gather_offsets(offsets: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    "offsets (b, g, c, a), codes (b, g) -> (b, a) = Σ_g offsets[b, g, codes[b, g], :]."
+    b, g, c, a = offsets.shape
+    codes = check_codes(codes, g, c)
+    if codes.shape[0] != b: raise ValueError(f"codes cover {codes.shape[0]} frames, offsets {b}")
+    idx = codes[:, :, None, None].expand(b, g, 1, a)                                 # (b, g, 1, a)
+    return offsets.gather(2, idx).squeeze(2).sum(1)
+
+def all_code_combinations(n_groups: int, n_codes: int) -> torch.Tensor:
+    "(n_codes**n_groups, g): every code combination in lexicographic order (as ResidualVQ.all_combinations)."
+    grids = torch.meshgrid(*[torch.arange(n_codes)] * n_groups, indexing="ij")
+    return torch.stack([t.reshape(-1) for t in grids], -1)
+
+# %% ../../nbs/32_offset_probes.ipynb #b8e8504f
+class OffsetAdapter:
+    """The probes' view of a policy with a VQ code head and an offset head. Subclasses set `n_groups`,
+    `n_codes`, `action_dim` (and `sampling_temperature` if not 1) and implement `heads`, `decode`, `encode`;
+    `decoded_table` has a generic implementation through `decode`. See the table above for shapes."""
+    n_groups: int
+    n_codes: int
+    action_dim: int
+    sampling_temperature: float = 1.0
+
+    def heads(self, inputs) -> dict:
+        "inputs (b, ...) -> {'code_logits': (b, g, c), 'offsets': (b, g, c, a)}."
+        raise NotImplementedError
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        "(b, g) codes -> (b, a) decoded centroids (no offset)."
+        raise NotImplementedError
+    def encode(self, actions: torch.Tensor) -> torch.Tensor:
+        "(b, a) actions -> (b, g) ground-truth codes."
+        raise NotImplementedError
+
+    def decoded_table(self, codes: torch.Tensor) -> torch.Tensor:
+        "(b, g) reference codes -> (b, g, c, a): decode with group g's code replaced by each c in turn."
+        codes = check_codes(codes, self.n_groups, self.n_codes)
+        b, g, c = codes.shape[0], self.n_groups, self.n_codes
+        sub = codes[:, None, None, :].repeat(1, g, c, 1)                             # (b, g, c, g)
+        gi, ci = torch.arange(g)[:, None].expand(g, c), torch.arange(c)[None, :].expand(g, c)
+        sub[:, gi, ci, gi] = ci                                                      # group g takes code c
+        return self.decode(sub.reshape(-1, g)).reshape(b, g, c, -1)
+
+    def sample_codes(self, code_logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        "(b, g, c) logits -> (b, g): one multinomial draw per (frame, group) from softmax(logits / T)."
+        t = self.sampling_temperature
+        return JointPolicyObjective._sample_codes(code_logits if t == 1 else code_logits / t, True, generator)
+
+def as_adapter(policy) -> OffsetAdapter:
+    "A `JointPolicyObjective` -> `ObjectiveAdapter`; an `OffsetAdapter` (checked for its three methods) -> itself."
+    if isinstance(policy, JointPolicyObjective): return ObjectiveAdapter(policy)
+    if not isinstance(policy, OffsetAdapter):
+        raise ValueError(f"the probes take a JointPolicyObjective or an OffsetAdapter, got {type(policy).__name__}")
+    missing = [m for m in _ADAPTER_METHODS if getattr(type(policy), m) is getattr(OffsetAdapter, m)]
+    if missing:
+        raise ValueError(f"{type(policy).__name__} does not implement {', '.join(missing)} (an OffsetAdapter needs {', '.join(_ADAPTER_METHODS)})")
+    for k in ("n_groups", "n_codes", "action_dim"):
+        v = getattr(policy, k, None)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{type(policy).__name__}.{k} must be a positive int, got {v!r}")
+    return policy
+
+def checked_heads(adapter: OffsetAdapter, inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    "adapter.heads(inputs), refused unless it returns code_logits (b, g, c) and offsets (b, g, c, a) that agree."
+    out = adapter.heads(inputs)
+    name = type(adapter).__name__
+    if not isinstance(out, dict) or any(k not in out for k in REQUIRED_OUTPUTS):
+        have = sorted(out) if isinstance(out, dict) else type(out).__name__
+        lacks = [k for k in REQUIRED_OUTPUTS if not isinstance(out, dict) or k not in out]
+        raise ValueError(f"{name}.heads lacks {lacks} (got {have}); it must return code_logits (b, g, c) and offsets (b, g, c, a)")
+    logits, offsets = torch.as_tensor(out["code_logits"]), torch.as_tensor(out["offsets"])
+    g, c, a = adapter.n_groups, adapter.n_codes, adapter.action_dim
+    if logits.ndim != 3 or tuple(logits.shape[1:]) != (g, c):
+        raise ValueError(f"{name}: code_logits must be (b, {g}, {c}), got shape {tuple(logits.shape)}")
+    if offsets.ndim != 4 or tuple(offsets.shape[1:3]) != (g, c):
+        raise ValueError(f"{name}: offsets {tuple(offsets.shape)} do not match the code head: expected (b, {g}, {c}, {a}) "
+                         f"— one offset per code of the code head's {c} per group")
+    if offsets.shape[3] != a or offsets.shape[0] != logits.shape[0]:
+        raise ValueError(f"{name}: offsets must be ({logits.shape[0]}, {g}, {c}, {a}), got shape {tuple(offsets.shape)}")
+    return logits, offsets
+
+# %% ../../nbs/32_offset_probes.ipynb #e808215d
+class ObjectiveAdapter(OffsetAdapter):
+    """pixrl's `JointPolicyObjective` as an adapter. `inputs` are states (or cached features for a heads-only
+    policy); the offsets are the (bounded, when `offset_scale` is set) table the objective uses; the decoded
+    table is the tokenizer's codebook (g, c, a) — the additive RVQ's substitution table up to a shift."""
+    def __init__(self, objective: JointPolicyObjective):
+        self.objective, self.tokenizer = objective, objective.tokenizer
+        p = objective.policy
+        self.n_groups, self.n_codes, self.action_dim = p.n_groups, p.n_codes, p.action_dim
+
+    def heads(self, inputs) -> dict:
+        x = torch.as_tensor(np.asarray(inputs), dtype=torch.float32) if not torch.is_tensor(inputs) else inputs
+        logits, offsets = self.objective._heads(self.objective.policy(x))           # (b, g, c), (b, g, c, a)
+        return {"code_logits": logits, "offsets": offsets}
+    def decode(self, codes): return self.tokenizer.decode(codes)
+    def encode(self, actions): return self.tokenizer.encode(torch.as_tensor(np.asarray(actions), dtype=torch.float32))
+    def decoded_table(self, codes=None): return self.tokenizer.codebooks           # (g, c, a)
+
+# %% ../../nbs/32_offset_probes.ipynb #c96688d3
+def vqbet_offset_table(head, x: torch.Tensor) -> torch.Tensor:
+    """lerobot VQBeTHead's full offset table, as its `forward` lays it out: x (N, T, D) or (N, D) GPT features ->
+    (N·T, G, C, W·A) (`einops.rearrange(..., "(NT) (G C WA) -> (NT) G C WA")`)."""
+    G, C = head.vqvae_model.vqvae_num_layers, head.config.vqvae_n_embed
+    x = x.reshape(-1, x.shape[-1])                                                 # (N·T, D)
+    return head.map_to_cbet_preds_offset(x).reshape(x.shape[0], G, C, -1)         # (N·T, G, C, W·A)
+
+def vqbet_teacher_forced_action(head, cbet_offsets: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """decode(action_bins) + Σ_g offsets[g, action_bins_g] at the ground-truth codes of `target` (N, T, W, A)
+    (normalised actions, as `loss_fn` receives them); cbet_offsets (N·T, G, C, W·A) -> (N, T, W·A)."""
+    N, T, W, A = target.shape
+    vq = head.vqvae_model
+    with torch.no_grad():
+        _, bins = vq.get_code(target.reshape(N * T, W, A))                         # (N·T, G)
+        decoded = vq.get_action_from_latent(vq.get_embeddings_from_code(bins))     # (N·T, W, A), no grad as in forward
+    return (decoded.reshape(N * T, W * A) + gather_offsets(cbet_offsets, bins)).reshape(N, T, W * A)
+
+class VQBeTTeacherForcing:
+    "Mixin for lerobot's VQBeTHead: the offset loss at the ground-truth codes (see the text above)."
+    def forward(self, x, **kwargs) -> dict:
+        out = super().forward(x, **kwargs)
+        out["cbet_offsets"] = vqbet_offset_table(self, x)                         # (N·T, G, C, W·A)
+        return out
+    def loss_fn(self, pred, target, **kwargs):
+        tf_action = vqbet_teacher_forced_action(self, pred["cbet_offsets"], target)   # (N, T, W·A)
+        return super().loss_fn({**pred, "predicted_action": tf_action}, target, **kwargs)
+
+# %% ../../nbs/32_offset_probes.ipynb #424a6f66
+class VQBeTAdapter(OffsetAdapter):
+    """lerobot's `VQBeTHead` (duck-typed; lerobot is not imported here). `features`: inputs -> GPT features
+    (b, gpt_output_dim) (default: the inputs are the features). `action_min`/`action_max` (a,): the MIN_MAX
+    normalisation stats; decodes and offsets are reported in action units (identity when both are None)."""
+    def __init__(self, head, features=None, action_min=None, action_max=None):
+        cfg = head.config
+        if getattr(cfg, "sequentially_select", False):
+            raise ValueError("VQBeTAdapter needs factorised code logits: sequentially_select=True conditions the "
+                             "secondary logits on the sampled primary code")
+        self.head, self.features = head, features
+        self.n_groups, self.n_codes = int(head.vqvae_model.vqvae_num_layers), int(cfg.vqvae_n_embed)
+        self.chunk, self.action_dim = int(cfg.action_chunk_size), int(cfg.action_chunk_size * cfg.action_feature.shape[0])
+        self.sampling_temperature = float(cfg.bet_softmax_temperature)
+        if (action_min is None) != (action_max is None):
+            raise ValueError("give both action_min and action_max (MIN_MAX stats) or neither")
+        if action_min is None: lo, hi = torch.full((self.action_dim,), -1.0), torch.ones(self.action_dim)
+        else: lo, hi = torch.as_tensor(action_min, dtype=torch.float32).reshape(-1), torch.as_tensor(action_max, dtype=torch.float32).reshape(-1)
+        if lo.shape != (self.action_dim,) or hi.shape != (self.action_dim,) or not (hi > lo).all():
+            raise ValueError(f"action_min/action_max must be ({self.action_dim},) with max > min, got {tuple(lo.shape)}, {tuple(hi.shape)}")
+        self.lo, self.half = lo, (hi - lo) / 2                                       # x = lo + (x_n + 1) · half
+
+    def normalise(self, actions) -> torch.Tensor: return (torch.as_tensor(actions, dtype=torch.float32) - self.lo) / self.half - 1
+    def unnormalise(self, x: torch.Tensor) -> torch.Tensor: return self.lo + (x + 1) * self.half
+
+    def heads(self, inputs) -> dict:
+        x = inputs if self.features is None else self.features(inputs)
+        x = torch.as_tensor(x, dtype=torch.float32)                                  # (b, D)
+        logits = self.head.map_to_cbet_preds_bin(x).reshape(x.shape[0], self.n_groups, self.n_codes)   # (b, G, C)
+        return {"code_logits": logits, "offsets": vqbet_offset_table(self.head, x) * self.half}         # (b, G, C, a)
+
+    def _decode(self, codes: torch.Tensor) -> torch.Tensor:
+        vq = self.head.vqvae_model
+        x = vq.get_action_from_latent(vq.get_embeddings_from_code(codes))            # (b, W, A) normalised
+        return self.unnormalise(x.reshape(codes.shape[0], self.action_dim))          # (b, a)
+
+    def decode(self, codes) -> torch.Tensor:
+        """(b, g) -> (b, a) through the VQ-VAE decoder. A decode depends on the combination only, so a batch larger
+        than the C**G combinations is served from a table of all of them (lerobot's gather repeats the codebook per row)."""
+        codes = check_codes(codes, self.n_groups, self.n_codes)
+        K = self.n_codes ** self.n_groups
+        if codes.shape[0] <= K: return self._decode(codes)
+        table = self._decode(all_code_combinations(self.n_groups, self.n_codes))      # (K, a)
+        idx = torch.zeros(codes.shape[0], dtype=torch.long)
+        for g in range(self.n_groups): idx = idx * self.n_codes + codes[:, g]          # lexicographic index
+        return table[idx]
+
+    def encode(self, actions) -> torch.Tensor:
+        a = self.normalise(np.asarray(actions))
+        if a.ndim != 2 or a.shape[1] != self.action_dim:
+            raise ValueError(f"actions must be (b, {self.action_dim}), got shape {tuple(a.shape)}")
+        return self.head.vqvae_model.get_code(a.reshape(a.shape[0], self.chunk, -1))[1]   # (b, G)
+
 # %% ../../nbs/32_offset_probes.ipynb #827b3ddb
 @torch.no_grad()
-def policy_outputs(objective: JointPolicyObjective, inputs, seed: int = 0, batch_size: int = 8192) -> dict:
-    """Run the policy on `inputs` (states, or cached features for a heads-only policy).
-    Returns numpy arrays: code_logits (b, g, c), offsets (b, g, c, a), entropy (b,), argmax/sampled codes (b, g),
-    and argmax/sampled actions (b, a) clamped to the actuator range."""
-    x = torch.as_tensor(np.asarray(inputs), dtype=torch.float32)
+def policy_outputs(policy, inputs, seed: int = 0, batch_size: int = 8192) -> dict:
+    """Run a policy (`OffsetAdapter`, or a `JointPolicyObjective`) on `inputs` (states, features, ...).
+    Returns numpy arrays: code_logits (b, g, c), offsets (b, g, c, a), entropy (b,) of softmax(code_logits),
+    argmax/sampled codes (b, g) (sampled at the adapter's temperature), and argmax/sampled actions (b, a)
+    = decode + gathered offset, clamped to the actuator range."""
+    adapter = as_adapter(policy)
+    x = torch.as_tensor(np.asarray(inputs), dtype=torch.float32) if not torch.is_tensor(inputs) else inputs
     gen = torch.Generator().manual_seed(seed)
     parts = []
     for i in range(0, len(x), batch_size):
-        feats = objective.policy(x[i:i + batch_size])
-        am = objective._predict(feats, sample_codes=False)
-        sm = objective._predict(feats, sample_codes=True, generator=gen)
-        parts.append({"code_logits": am["code_logits"], "offsets": am["offsets"], "argmax_codes": am["codes"],
-                      "sampled_codes": sm["codes"], "argmax_action": am["action"], "sampled_action": sm["action"],
-                      "sampled_decoded": sm["decoded"], "sampled_offset": sm["offset"]})
+        logits, offsets = checked_heads(adapter, x[i:i + batch_size])              # (b, g, c), (b, g, c, a)
+        am = logits.argmax(-1)                                                      # (b, g)
+        sm = adapter.sample_codes(logits, gen)                                      # (b, g)
+        dec_a, dec_s = adapter.decode(am), adapter.decode(sm)                       # (b, a)
+        off_a, off_s = gather_offsets(offsets, am), gather_offsets(offsets, sm)     # (b, a)
+        parts.append({"code_logits": logits, "offsets": offsets, "argmax_codes": am, "sampled_codes": sm,
+                      "argmax_action": dec_a + off_a, "sampled_action": dec_s + off_s,
+                      "sampled_decoded": dec_s, "sampled_offset": off_s})
     out = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
     out["entropy"] = code_entropy(out["code_logits"])
     out = {k: v.numpy() for k, v in out.items()}
@@ -106,19 +306,18 @@ def policy_outputs(objective: JointPolicyObjective, inputs, seed: int = 0, batch
 
 # %% ../../nbs/32_offset_probes.ipynb #21f1b2e7
 @torch.no_grad()
-def contamination_audit(objective: JointPolicyObjective, out: dict, actions) -> dict:
+def contamination_audit(policy, out: dict, actions) -> dict:
     """From `policy_outputs` and the ground-truth actions (b, a): how often sampled codes equal the targets,
     and the L1 error of decode-only vs decode+offset at the sampled and at the target codes.
     Cancellation shows as a low match rate with a much smaller error after the offset at sampled codes,
     and a large decode+offset error at the target codes (the offsets there no longer add a residual)."""
-    tok = objective.tokenizer
+    adapter = as_adapter(policy)
     a = torch.as_tensor(np.asarray(actions), dtype=torch.float32)
-    target = tok.encode(a)                                                          # (b, g)
+    target = check_codes(adapter.encode(a), adapter.n_groups, adapter.n_codes)    # (b, g)
     sampled = torch.as_tensor(out["sampled_codes"])
     offsets = torch.as_tensor(out["offsets"])
-    dec_s, dec_t = tok.decode(sampled), tok.decode(target)
-    off_s = JointPolicyObjective._gather_offset(offsets, sampled)
-    off_t = JointPolicyObjective._gather_offset(offsets, target)
+    dec_s, dec_t = adapter.decode(sampled), adapter.decode(target)
+    off_s, off_t = gather_offsets(offsets, sampled), gather_offsets(offsets, target)
     l1 = lambda p: float((p - a).abs().mean())
     return {"code_match_rate": float((sampled == target).float().mean()),
             "code_match_rate_group0": float((sampled[:, 0] == target[:, 0]).float().mean()),
@@ -192,15 +391,23 @@ def _combo_index(codes: np.ndarray, n_codes: int) -> np.ndarray:
     return idx
 
 @torch.no_grad()
-def conflict_surface(tokenizer: ResidualVQ, usage_codes, argmax_codes=None, thresholds=(SENSOR_THRESHOLD, 0.02)) -> dict:
+def conflict_surface(tokenizer, usage_codes, argmax_codes=None, thresholds=(SENSOR_THRESHOLD, 0.02)) -> dict:
     """Decode all n_codes**n_groups combinations and report, per threshold, the share that press gas and brake
     together (unweighted, and weighted by the usage of `usage_codes` (n, g), e.g. the GT encodings); the GT-decode
     rate (share of combinations that any usage frame encodes to); usage concentration (top-1% share, effective
     number of combinations = exp(entropy)); and, for `argmax_codes` (m, g), the policy argmax hit rate (share of
-    argmax predictions that land on a combination the ground truth uses) and the conflict rate of those combos."""
-    dec = tokenizer.decode_all().numpy()                                            # (K, a)
+    argmax predictions that land on a combination the ground truth uses) and the conflict rate of those combos.
+    `tokenizer`: a `ResidualVQ`, or any policy the probes take (its adapter's `decode` is used).
+    `usage_codes` and `argmax_codes` are refused when they leave the codebook's range."""
+    if isinstance(tokenizer, ResidualVQ): n_groups, n_codes, decode = tokenizer.n_groups, tokenizer.n_codes, tokenizer.decode
+    else:
+        adapter = as_adapter(tokenizer)
+        n_groups, n_codes, decode = adapter.n_groups, adapter.n_codes, adapter.decode
+    if n_codes ** n_groups > 2 ** 22: raise ValueError(f"{n_codes}**{n_groups} combinations is too many to decode exhaustively")
+    dec = decode(all_code_combinations(n_groups, n_codes)).numpy()                  # (K, a)
     K = len(dec)
-    usage = np.bincount(_combo_index(usage_codes, tokenizer.n_codes), minlength=K).astype(np.float64)
+    usage_codes = check_codes(usage_codes, n_groups, n_codes).numpy()
+    usage = np.bincount(_combo_index(usage_codes, n_codes), minlength=K).astype(np.float64)
     p = usage / usage.sum()
     nz = p[p > 0]
     out = {"n_combinations": K, "gt_decode_rate": float((usage > 0).mean()),
@@ -211,7 +418,7 @@ def conflict_surface(tokenizer: ResidualVQ, usage_codes, argmax_codes=None, thre
         out[f"conflict_fraction@{t}"] = float(conf.mean())
         out[f"usage_weighted_conflict@{t}"] = float((p * conf).sum())
     if argmax_codes is not None:
-        ai = _combo_index(argmax_codes, tokenizer.n_codes)
+        ai = _combo_index(check_codes(argmax_codes, n_groups, n_codes).numpy(), n_codes)
         out["policy_argmax_hit_rate"] = float((usage[ai] > 0).mean())
         out["policy_argmax_distinct"] = int(len(np.unique(ai)))
         for t in thresholds: out[f"policy_argmax_combo_conflict@{t}"] = float(pedal_conflict(dec[ai], t).mean())
@@ -233,16 +440,23 @@ def conflict_filtered_tokenizer(actions, n_groups: int = 4, n_codes: int = 16, t
     return tok
 
 # %% ../../nbs/32_offset_probes.ipynb #13230e6e
-def evaluate_policy(objective: JointPolicyObjective, inputs, actions, seed: int = 0) -> tuple[dict, dict]:
-    """Probes 1a–1c on held-out (inputs, actions). Returns (flat summary dict, dict of DataFrames / outputs)."""
-    out = policy_outputs(objective, inputs, seed=seed)
-    decoded = objective.tokenizer.codebooks                                         # (g, c, a)
-    weights = torch.softmax(torch.as_tensor(out["code_logits"]), -1)
+@torch.no_grad()
+def evaluate_policy(policy, inputs, actions, seed: int = 0) -> tuple[dict, dict]:
+    """Probes 1a–1c on held-out (inputs, actions) for an `OffsetAdapter` or a `JointPolicyObjective`.
+    Returns (flat summary dict, dict of DataFrames / outputs). R is taken over the adapter's decoded table at
+    the argmax codes; the weighted R weighs codes by softmax(code_logits / T), the distribution codes are
+    sampled from; entropy quartiles use softmax(code_logits)."""
+    adapter = as_adapter(policy)
+    out = policy_outputs(adapter, inputs, seed=seed)
+    decoded = adapter.decoded_table(torch.as_tensor(out["argmax_codes"]))         # (g, c, a) or (b, g, c, a)
+    logits = torch.as_tensor(out["code_logits"])
+    t = adapter.sampling_temperature
+    weights = torch.softmax(logits if t == 1 else logits / t, -1)                   # (b, g, c)
     canc = cancellation_report(decoded, out["offsets"], out["entropy"], weights)
     reg = offset_decode_regression(decoded, out["offsets"])
-    audit = contamination_audit(objective, out, actions)
+    audit = contamination_audit(adapter, out, actions)
     pedals = pedal_report({"argmax": out["argmax_action"], "sampled": out["sampled_action"]}, actions, out["entropy"])
-    tok_floor = to_control(objective.tokenizer.decode(objective.tokenizer.encode(torch.as_tensor(np.asarray(actions)))).numpy())
+    tok_floor = to_control(adapter.decode(adapter.encode(torch.as_tensor(np.asarray(actions)))).numpy())
     summary = {"R_median": canc.R_median[0], "R_weighted_median": canc.R_weighted_median[0],
                **{f"R_median_{b}": v for b, v in zip(canc.bucket[1:], canc.R_median[1:])},
                "offset_decode_slope": reg["slope"], "offset_decode_corr": reg["corr"], **audit}
@@ -252,6 +466,22 @@ def evaluate_policy(objective: JointPolicyObjective, inputs, actions, seed: int 
             summary[f"gt/{k}@{row.threshold}"] = row[f"gt_{k}"]
     for k, v in pedal_rates(tok_floor).items(): summary[f"tokenizer_floor/{k}"] = v
     return summary, {"cancellation": canc, "pedals": pedals, "outputs": out}
+
+# %% ../../nbs/32_offset_probes.ipynb #84c44793
+def seed_ci(values, level: float = 0.95) -> dict:
+    """Mean over seeds with a Student-t interval: mean ± t_{(1+level)/2, n−1} · sd / √n. values: (n,), n ≥ 2."""
+    from scipy import stats
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 1 or len(v) < 2 or not np.isfinite(v).all():
+        raise ValueError(f"seed_ci needs >= 2 finite values (one per seed), got {v.tolist()}")
+    half = stats.t.ppf((1 + level) / 2, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))
+    return {"mean": float(v.mean()), "lo": float(v.mean() - half), "hi": float(v.mean() + half), "n": int(len(v)), "level": level}
+
+def paired_seed_ci(a, b, level: float = 0.95) -> dict:
+    "Mean of the per-seed differences b − a with a Student-t interval (a, b paired by seed: same data and seed)."
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape: raise ValueError(f"paired values need one entry per seed in both arms, got {a.shape} and {b.shape}")
+    return seed_ci(b - a, level)
 
 # %% ../../nbs/32_offset_probes.ipynb #b8b6e608
 @torch.no_grad()
