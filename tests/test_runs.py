@@ -188,8 +188,9 @@ def record_problems(run: dict) -> list[str]:
         probs.append(f"commit {c!r} is not a 7–40 digit hex hash")
     if not isinstance(rec.get("dirty"), bool):
         probs.append(f"dirty {rec.get('dirty')!r} is not a bool")
-    if "seed" in rec and (isinstance(rec["seed"], bool) or not isinstance(rec["seed"], int)):
-        probs.append(f"seed {rec['seed']!r} is not an int")
+    seeds = rec.get("seed") if isinstance(rec.get("seed"), list) else [rec.get("seed")]   # a multi-seed run lists them
+    if "seed" in rec and (not seeds or any(isinstance(x, bool) or not isinstance(x, int) for x in seeds)):
+        probs.append(f"seed {rec['seed']!r} is not an int or a non-empty list of ints")
     d = rec.get("data_digest")
     if "data_digest" in rec and not (isinstance(d, str) and len(d) >= 12 and _HEX.fullmatch(d)):
         probs.append(f"data_digest {d!r} is not a hex digest")
