@@ -13,7 +13,7 @@ from .evaluator import EvalResult, Status, evaluate_many, REPRESENTATIONS
 __all__ = ['SHAPED_V3B', 'SHAPED_POLICIES', 'REWARD_POLICIES', 'DEFAULT_REWARD', 'THINK_OPEN', 'THINK_CLOSE', 'RectBaseline',
            'ink_bbox', 'rect_mask', 'rect_baseline_program', 'rect_baseline', 'shaped_breakdown', 'shaped_v3b',
            'raw_iou', 'chance_precision', 'ink_precision', 'precision_gate', 'shaped_v3c', 'target_blind_programs',
-           'completion_text', 'answer_text', 'extract_program', 'make_reward_fn', 'batch_metrics']
+           'shifted_result', 'completion_text', 'answer_text', 'extract_program', 'make_reward_fn', 'batch_metrics']
 
 # %% ../nbs/04_reward.ipynb #fefeeb5a
 SHAPED_V3B = {
@@ -217,6 +217,16 @@ def target_blind_programs(library: list[str] = ()) -> dict[str, str]:
         drawn = [line for prog in library for line in prog.splitlines() if "cut(" not in line]
         out[f"union of {len(library)} programs"] = "\n".join(drawn) + "\n"
     return out
+
+
+# %% ../nbs/04_reward.ipynb #1190f254
+def shifted_result(task, d: int) -> EvalResult:
+    "The evaluation of the task's own mask moved d pixels right (what a right-shifted ground truth renders)."
+    m = np.zeros_like(task.target_mask)
+    m[:, d:] = task.target_mask[:, : m.shape[1] - d]
+    met = evaluator.mask_metrics(m, evaluator.cached_target_side(task),
+                                 evaluator.mean_axis_scale(task.footprint_um, m.shape))
+    return EvalResult(Status.OK, met["iou"], met["dice"], met["chamfer_um"], met["extra_um"], met["missing_um"], 1, mask=m)
 
 
 # %% ../nbs/04_reward.ipynb #15071290
