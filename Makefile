@@ -5,7 +5,7 @@ PY    := $(CURDIR)/$(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STAMP := $(VENV)/.pixrl-setup
 
-.PHONY: setup test train probe lab bench-eval gpu-check gpu-wheels tiny export clean-nbs
+.PHONY: setup test train probe lab bench-eval gpu-check gpu-wheels tiny base export clean-nbs
 
 setup: $(STAMP)
 
@@ -51,9 +51,15 @@ gpu-check:
 gpu-wheels:
 	bash scripts/gpu_wheels.sh
 
+# Rebuild pixrl-base, the campaigns' default (pixrl.base; ~80 min on 2 free cores; resumable: re-run after an
+# interruption and it continues from its last good checkpoint in $PIXRL_CACHE/base-work). Then record the printed
+# sha256 in data/models/SHA256SUMS.
+base: setup
+	papermill nbs/base.ipynb runs/base_model.ipynb --cwd nbs
+
 # Rebuild pixrl-tiny from its seed (~35 min on 2 free cores); the committed copy is in data/models/pixrl-tiny.
 tiny: setup
-	papermill nbs/base_model.ipynb runs/base_model.ipynb --cwd nbs
+	papermill nbs/tiny_model.ipynb runs/tiny_model.ipynb --cwd nbs
 
 # Evaluator throughput: in-process vs sandbox (2 workers) vs spawn-per-candidate, one run (~3-5 min).
 bench-eval: setup

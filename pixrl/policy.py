@@ -14,12 +14,15 @@ from .prompt import PromptSpec, prompt_text, prompt_image, feed_text
 hf_logging.disable_progress_bar()  # evidence notebooks carry no progress-bar output
 
 # %% auto #0
-__all__ = ['TINY_NAME', 'TINY_VL_NAME', 'PIXRL_META', 'format_answer', 'resolve_model', 'model_meta', 'Samples', 'Policy',
-           'load_policy', 'save_policy']
+__all__ = ['TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'SHA256SUMS', 'PIXRL_META', 'format_answer', 'model_dir_sha256',
+           'recorded_sha256', 'check_model_dir', 'resolve_model', 'model_meta', 'Samples', 'Policy', 'load_policy',
+           'save_policy']
 
 # %% ../nbs/06_policy.ipynb #363b23fc
 TINY_NAME = "pixrl-tiny"
 TINY_VL_NAME = "pixrl-tiny-vl"   # the untrained from-config VLM that exercises the vision path
+BASE_NAME = "pixrl-base"         # the competent embedded base (pixrl.base), the campaigns' default
+SHA256SUMS = "SHA256SUMS"        # data/models/SHA256SUMS: `<sha256>  <model name>` of every committed model's weights
 PIXRL_META = "pixrl.json"
 
 def format_answer(program: str, representation: str = "py") -> str:
@@ -27,8 +30,32 @@ def format_answer(program: str, representation: str = "py") -> str:
     if representation != "py": raise ValueError(f"format_answer: representation {representation!r}; accepted: 'py'")
     return "```python\n" + program.rstrip("\n") + "\n```"
 
+def model_dir_sha256(path) -> str:
+    "sha256 of a model directory's weights (`model.safetensors`)."
+    import hashlib
+    f = Path(path) / "model.safetensors"
+    if not f.exists(): raise ValueError(f"model directory {str(path)!r} has no model.safetensors")
+    return hashlib.sha256(f.read_bytes()).hexdigest()
+
+def recorded_sha256(name: str) -> str | None:
+    "The committed digest of model `name` in `data/models/SHA256SUMS`, or None."
+    rec = repo_root() / "data" / "models" / SHA256SUMS
+    if not rec.exists(): return None
+    for line in rec.read_text().splitlines():
+        if line.strip() and line.split()[1] == name: return line.split()[0]
+    return None
+
+def check_model_dir(path, name: str) -> str:
+    "`path` if its weights match the committed record of `name`; else ValueError naming both digests."
+    want, got = recorded_sha256(name), model_dir_sha256(path)
+    if want is None: raise ValueError(f"{name}: no record in data/models/{SHA256SUMS}")
+    if want != got:
+        raise ValueError(f"{name} at {path}: weights sha256 {got} does not match the committed record {want} "
+                         f"(data/models/{SHA256SUMS}); rebuild it with `make base` or restore it with git")
+    return str(path)
+
 def resolve_model(model: str | os.PathLike) -> str:
-    """`pixrl-tiny` → the committed directory; `pixrl-tiny-vl` → the from-config tiny VLM (`pixrl.tiny.build_tiny_vlm`,
+    """`pixrl-base`, `pixrl-tiny` → the committed directory (pixrl-base checked against its recorded sha256); `pixrl-tiny-vl` → the from-config tiny VLM (`pixrl.tiny.build_tiny_vlm`,
     built into the cache on first use, seed 0); an existing path → itself; `owner/name` → HF id; else ValueError."""
     m = str(model)
     if m == TINY_VL_NAME:
@@ -39,11 +66,16 @@ def resolve_model(model: str | os.PathLike) -> str:
             tmp = build_tiny_vlm(p.with_name(f"{p.name}.tmp{os.getpid()}"), seed=0)   # whole or absent, never half
             shutil.rmtree(p, ignore_errors=True); os.replace(tmp, p)
         return str(p)
+    if m == BASE_NAME:
+        p = repo_root() / "data" / "models" / BASE_NAME
+        if not (p / "config.json").exists():
+            raise ValueError(f"pixrl-base is missing at {p}; rebuild it with `make base`")
+        return check_model_dir(p, BASE_NAME)
     if m == TINY_NAME:
         p = repo_root() / "data" / "models" / TINY_NAME
         if not (p / "config.json").exists():
             raise ValueError(f"pixrl-tiny is missing at {p}; rebuild it with "
-                             "`papermill nbs/base_model.ipynb runs/base_model.ipynb --cwd nbs`")
+                             "`papermill nbs/tiny_model.ipynb runs/tiny_model.ipynb --cwd nbs`")
         return str(p)
     p = Path(m).expanduser()
     if p.exists():

@@ -10,15 +10,17 @@ import numpy as np
 from .geometry import API_REGISTRY, MATH_NAMES, SAFE_BUILTINS, allowed_names
 
 # %% auto #0
-__all__ = ['ANISOTROPY_THRESHOLD', 'REPRESENTATIONS', 'RASTER_RULES', 'SVG_REGISTRY', 'SVG_CONTAINERS', 'SVG_DOC',
-           'ANSWER_FORMAT', 'PromptSpec', 'SvgEntry', 'api_doc', 'documented_names', 'documented_calls', 'render_scale',
-           'anisotropy', 'raster', 'prompt_text', 'build_prompt', 'model_image_pil', 'prompt_image', 'user_turn',
-           'build_messages', 'thinking_kwargs', 'feed_text']
+__all__ = ['ANISOTROPY_THRESHOLD', 'REPRESENTATIONS', 'RASTER_RULES', 'RASTER_FORMATS', 'SVG_REGISTRY', 'SVG_CONTAINERS',
+           'SVG_DOC', 'ANSWER_FORMAT', 'PromptSpec', 'SvgEntry', 'api_doc', 'documented_names', 'documented_calls',
+           'render_scale', 'anisotropy', 'raster', 'ink_bands', 'bands_to_raster', 'band_lines', 'prompt_text',
+           'build_prompt', 'model_image_pil', 'prompt_image', 'user_turn', 'build_messages', 'thinking_kwargs',
+           'feed_text']
 
 # %% ../nbs/02_prompt.ipynb #bb541baa
 ANISOTROPY_THRESHOLD = 1.6
 REPRESENTATIONS = ("py", "svg")  # the geometry language; the SVG subset the evaluator parses
 RASTER_RULES = ("any", "majority")
+RASTER_FORMATS = ("grid", "runs")  # one character per cell; ink runs per band of equal rows
 
 
 @dataclass(frozen=True)
@@ -33,13 +35,17 @@ class PromptSpec:
     raster_rule: a raster cell is ink if "any" pixel of its block is ink (thin wires survive), or
         if the "majority" (more than half) are.
     image_size: side of the attached image in pixels (nearest-neighbour upscale of the 64×64 model
-        image; a multiple of 64)."""
+        image; a multiple of 64).
+    raster_format: how a text policy is shown the raster: "grid" (one `#`/`.` character per cell, rows
+        top to bottom) or "runs" (`ink_bands`: per band of identical rows, its ink runs as
+        `y+height: x+width ...` in cells from the bottom-left corner, the geometry language's origin)."""
     representation: str = "py"
     raster: int = 16
     api_doc: bool = True
     vision: bool = False
     raster_rule: str = "any"
     image_size: int = 256
+    raster_format: str = "grid"
 
     def __post_init__(self):
         if self.representation not in REPRESENTATIONS:
@@ -50,6 +56,8 @@ class PromptSpec:
             raise ValueError(f"PromptSpec.raster_rule={self.raster_rule!r}; accepted: {RASTER_RULES}")
         if not isinstance(self.image_size, int) or self.image_size < 64 or self.image_size % 64:
             raise ValueError(f"PromptSpec.image_size={self.image_size!r}; accepted: a multiple of 64")
+        if self.raster_format not in RASTER_FORMATS:
+            raise ValueError(f"PromptSpec.raster_format={self.raster_format!r}; accepted: {RASTER_FORMATS}")
 
 # %% ../nbs/02_prompt.ipynb #00d33275
 @dataclass(frozen=True)
@@ -158,6 +166,48 @@ def raster(image: np.ndarray, n: int = 16, rule: str = "any") -> list[str]:
     ink = blocks > 0 if rule == "any" else 2 * blocks > b * b
     return ["".join("#" if v else "." for v in row) for row in ink]
 
+# %% ../nbs/02_prompt.ipynb #c2d4e6f8
+def ink_bands(image: np.ndarray, n: int = 32, rule: str = "any") -> list[tuple[int, int, tuple]]:
+    """The `n × n` raster of `image` as bands of identical rows, top band first:
+    `[(y, height, ((x, width), ...)), ...]` in cells from the bottom-left corner; empty bands are left out."""
+    rows = raster(image, n, rule)
+    def runs(row: str) -> tuple:
+        out, x = [], 0
+        while x < n:
+            if row[x] == "#":
+                start = x
+                while x < n and row[x] == "#":
+                    x += 1
+                out.append((start, x - start))
+            else:
+                x += 1
+        return tuple(out)
+    bands, top = [], 0
+    while top < n:
+        band = runs(rows[top])
+        end = top
+        while end < n and runs(rows[end]) == band:
+            end += 1
+        if band:
+            bands.append((n - end, end - top, band))   # bottom row counted from the bottom; height in rows
+        top = end
+    return bands
+
+
+def bands_to_raster(bands: list, n: int) -> list[str]:
+    "The `#`/`.` grid (rows top to bottom) that `ink_bands` was read from: its exact inverse."
+    grid = [["."] * n for _ in range(n)]
+    for y, h, runs in bands:
+        for row in range(n - y - h, n - y):
+            for x, w in runs:
+                grid[row][x:x + w] = "#" * w
+    return ["".join(r) for r in grid]
+
+
+def band_lines(bands: list) -> list[str]:
+    "One prompt line per band: `y+height: x+width x+width ...`."
+    return [f"{y}+{h}: " + " ".join(f"{x}+{w}" for x, w in runs) for y, h, runs in bands]
+
 # %% ../nbs/02_prompt.ipynb #bbeaf498
 def _fmt(v: float) -> str:
     "Compact decimal: at most 4 decimals, trailing zeros dropped (7.5, 2.3125, 120)."
@@ -178,6 +228,10 @@ def _body(task, spec: PromptSpec) -> list[str]:
     what = "pixel" if spec.vision else "char"
     if spec.vision:
         lines.append(f"Image (attached): {n}x{n} px, the footprint stretched to fill it.")
+    elif spec.raster_format == "runs":
+        ink = "cells with ink" if spec.raster_rule == "any" else "cells mostly ink"
+        lines.append(f"Image: {n}x{n} cells, footprint stretched; {ink} as y+height: x+width per band, from bottom left:")
+        lines += band_lines(ink_bands(task.model_image, n, spec.raster_rule))
     else:
         ink = "cell has ink" if spec.raster_rule == "any" else "cell mostly ink"
         lines.append(f"Image: {n}x{n} chars, the footprint stretched to fill it, rows top to bottom ('#' = {ink}):")

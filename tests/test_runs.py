@@ -40,15 +40,15 @@ EXCEPTIONS: dict[str, dict] = {
         exempt={"seed", "data_digest", "wall"},
         why="trains and samples nothing: it only reads the other offset runs' records (runs/offset_*/metrics.json) "
             "and prints its own commit and dirty flag, so it has no seed, data digest or wall of its own"),
-    "base_model": dict(
-        record_file="base_model/summary.json", wall_key="seconds",
-        why="the pixrl-tiny build notebook keeps its run record in runs/base_model/summary.json (written by its last "
+    "tiny_model": dict(
+        record_file="tiny_model/summary.json", wall_key="seconds",
+        why="the pixrl-tiny build notebook keeps its run record in runs/tiny_model/summary.json (written by its last "
             "cell) instead of printing it; its wall is the build's `seconds` there (printed as '801,152 parameters, "
             "914 s')"),
-    "base_model_phase1": dict(
+    "tiny_model_phase1": dict(
         no_record=True,
         why="phase 1 of the base build, run by the earlier single-phase notebook, which wrote its record only to "
-            "runs/base_model/summary.json — overwritten by phase 2 (base_model.ipynb); kept as the tokenizer "
+            "runs/tiny_model/summary.json — overwritten by phase 2 (tiny_model.ipynb); kept as the tokenizer "
             "negative result, so it must be listed as superseded"),
 }
 
