@@ -51,7 +51,7 @@ gpu-check:
 gpu-wheels:
 	bash scripts/gpu_wheels.sh
 
-# Rebuild pixrl-base, the campaigns' default (pixrl.base; ~80 min on 2 free cores; resumable: re-run after an
+# Rebuild pixrl-base, the campaigns' default (pixrl.base; ~70 min on 2 free cores; resumable: re-run after an
 # interruption and it continues from its last good checkpoint in $PIXRL_CACHE/base-work). Then record the printed
 # sha256 in data/models/SHA256SUMS.
 base: setup

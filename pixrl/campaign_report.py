@@ -9,9 +9,10 @@ import pandas as pd
 from .stats import paired_bootstrap, per_task_means
 
 # %% auto #0
-__all__ = ['STEP_COLUMNS', 'VERDICT_METRICS', 'preflight_table', 'show_probe_curves', 'stage_table', 'step_metrics', 'plot_steps',
-           'campaign_time_shares', 'best_sample', 'plot_samples', 'probe_verdicts', 'verdict_markdown', 'wall_since',
-           'finish_campaign', 'campaign_summary']
+__all__ = ['STEP_COLUMNS', 'VERDICT_METRICS', 'COLLAPSE_LEVELS', 'preflight_table', 'show_probe_curves', 'stage_table',
+           'step_metrics', 'plot_steps', 'campaign_time_shares', 'best_sample', 'plot_samples', 'probe_verdicts',
+           'exec_rate', 'one_call_share', 'collapse_table', 'verdict_markdown', 'wall_since', 'finish_campaign',
+           'campaign_summary']
 
 # %% ../nbs/09a_campaign_report.ipynb #cr000004
 STEP_COLUMNS = ("reward", "pix/reward_v3b", "pix/reward_v3c", "pix/iou_n", "pix/teacher_nb", "pix/executable",
@@ -126,13 +127,35 @@ def probe_verdicts(base: dict, last: dict, seed: int = 0) -> dict:
             out[metric][f"L{L}"] = paired_bootstrap(a[at_L], b[at_L], seed=seed)
     return out
 
-def verdict_markdown(verdicts: dict, last_label: str, reward: str, wall_s: float) -> str:
-    "The verdict as markdown: one line per metric (all tasks), one sub-line per level."
+COLLAPSE_LEVELS = (2, 3, 4)   # levels whose targets need more than one shape: a one-shape answer there is a collapse
+
+def exec_rate(probe: dict) -> float:
+    "Share of probe samples that executed (status OK)."
+    return float(np.mean([s["ok"] for s in probe["samples"]]))
+
+def one_call_share(probe: dict, levels: tuple = COLLAPSE_LEVELS) -> float | None:
+    """Share of *executable* samples on `levels` whose program drew exactly one shape (the evaluator's `n_shapes`);
+    None when no sample there executed. Probes written before `n_shapes` was recorded raise."""
+    ok = [s for s in probe["samples"] if s["level"] in levels and s["ok"]]
+    if ok and "n_shapes" not in ok[0]:
+        raise ValueError("one_call_share: this probe predates the n_shapes field; re-run it")
+    return float(np.mean([s["n_shapes"] == 1 for s in ok])) if ok else None
+
+def collapse_table(base: dict, last: dict) -> dict:
+    "Exec rate and the one-shape share of executable L2–L4 samples, before and after (the collapse check)."
+    return {"exec_rate": {"base": exec_rate(base), "last": exec_rate(last)},
+            "one_call_share_L2_L4": {"base": one_call_share(base), "last": one_call_share(last)}}
+
+def verdict_markdown(verdicts: dict, last_label: str, reward: str, wall_s: float, collapse: dict | None = None) -> str:
+    "The verdict as markdown: one line per metric (all tasks), one sub-line per level; then the collapse check."
     lines = [f"**Probe change, base → after {last_label}: mean per-task difference, paired bootstrap over tasks "
              f"(95% CI); \"improved\" only when the interval excludes 0. Reward: `{reward}`.**"]
     for metric, cis in verdicts.items():
         lines.append(f"- **{metric}** all: {cis['all']}")
         lines += [f"  - {k}: {ci}" for k, ci in cis.items() if k != "all"]
+    for name, ba in (collapse or {}).items():
+        fmt = lambda v: "n/a" if v is None else f"{v:.3f}"
+        lines.append(f"- **{name}**: base {fmt(ba['base'])} → last {fmt(ba['last'])}")
     lines.append(f"Wall time (this notebook): {wall_s / 60:.1f} min.")
     return "\n".join(lines)
 
@@ -144,10 +167,13 @@ def wall_since(record: dict) -> float:
 def finish_campaign(state: dict, points: list, record: dict, run_dir, seed: int = 0) -> tuple[str, dict]:
     "The verdict (markdown) and the `summary.json` record of a finished campaign; writes `run_dir/summary.json`."
     verdicts = probe_verdicts(points[0][1], points[-1][1], seed=seed)
+    collapse = collapse_table(points[0][1], points[-1][1])
     wall = wall_since(record)
     summary = campaign_summary(state, points, record, wall, verdicts)
+    summary["collapse"] = collapse
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    return verdict_markdown(verdicts, points[-1][0], state["config"].get("reward", "shaped_v3b"), wall), summary
+    reward = state["config"].get("reward", "shaped_v3b")
+    return verdict_markdown(verdicts, points[-1][0], reward, wall, collapse), summary
 
 def campaign_summary(state: dict, points: list, record: dict, wall_s: float, verdicts: dict) -> dict:
     "The `summary.json` of a campaign: record, config, wall, time shares, probe curves, stages and verdicts."

@@ -45,9 +45,10 @@ def recorded_sha256(name: str) -> str | None:
         if line.strip() and line.split()[1] == name: return line.split()[0]
     return None
 
-def check_model_dir(path, name: str) -> str:
-    "`path` if its weights match the committed record of `name`; else ValueError naming both digests."
-    want, got = recorded_sha256(name), model_dir_sha256(path)
+def check_model_dir(path, name: str, expected: str | None = None) -> str:
+    """`path` if its weights match `expected` (default: the committed record of `name`); else ValueError naming
+    both digests."""
+    want, got = expected or recorded_sha256(name), model_dir_sha256(path)
     if want is None: raise ValueError(f"{name}: no record in data/models/{SHA256SUMS}")
     if want != got:
         raise ValueError(f"{name} at {path}: weights sha256 {got} does not match the committed record {want} "

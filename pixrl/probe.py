@@ -65,6 +65,7 @@ def run_probe(policy, tasks: list | None = None, k: int = 4, temperature: float 
                         "status": str(getattr(res.status, "value", res.status)),
                         "iou": float(res.iou) if res.ok and res.iou is not None else 0.0,
                         "iou_n": float(b["iou_n"]), "reward": float(b["reward"] if reward in SHAPED_POLICIES else raw_iou(res)),
+                        "n_shapes": int(res.n_shapes) if res.ok else 0,
                         "entropy": smp.entropy[j][kk], "n_tokens": smp.n_tokens[j][kk], "completion": smp.texts[j][kk]})
     out = summarise(records)
     out["samples"] = records
