@@ -17,8 +17,8 @@ from . import corpus as mem_corpus
 # %% auto #0
 __all__ = ['GPU_DEFAULTS', 'MemTrainConfig', 'cpu_corpus', 'Gen', 'HFPolicy', 'make_policy', 'VLLMPolicy', 'Trajectory',
            'rollout', 'Row', 'group_rows', 'batch_rows', 'pack_rows', 'completion_logprobs', 'clipped_token_loss',
-           'k3_kl', 'trajectory_metrics', 'gate_probe', 'a7_fixture', 'resolve_model_path', 'load_lora_policy',
-           'MemGRPOTrainer', 'format_metrics', 'plateaued']
+           'k3_kl', 'trajectory_metrics', 'gate_probe', 'resolve_model_path', 'load_lora_policy', 'MemGRPOTrainer',
+           'format_metrics', 'plateaued']
 
 # %% ../../nbs/22_mem_train.ipynb #bd56fe84
 @dataclass
@@ -325,13 +325,6 @@ def gate_probe(model, tokenizer, records, cfg: MemTrainConfig = MemTrainConfig()
     ev = np.array(labels)
     return {"p_no_free": float(p_no[~ev].mean()), "p_yes_evidence": float(1 - p_no[ev].mean()),
             "n_free": int((~ev).sum()), "n_evidence": int(ev.sum())}
-
-# %% ../../nbs/22_mem_train.ipynb #c55a537f
-def a7_fixture(seed: int = 0) -> list:
-    "Train-project records of the CPU corpus whose evidence-free chunks never mention the question's subject."
-    from pixrl.mem.model import question_subject, mentions, VAL_FRACTION
-    train, _ = mem_corpus.split_by_project(cpu_corpus(MemTrainConfig(seed=seed))[0], VAL_FRACTION, seed)
-    return [r for r in train if not any(mentions(question_subject(r.question), c.text) for c in r.chunks if not c.evidence)]
 
 # %% ../../nbs/22_mem_train.ipynb #ae2defc5
 def resolve_model_path(name: str) -> str:
