@@ -9,8 +9,8 @@ import torch
 from transformers import Qwen2ForCausalLM
 from .core import set_seed, Timer
 from .geometry import render
-from .prompt import PromptSpec, build_prompt, _fmt
-from .policy import format_answer, BASE_NAME, model_dir_sha256
+from .prompt import PromptSpec, build_prompt, format_answer, _fmt
+from .policy import model_dir_sha256
 from .tiny import SceneTask, MODEL_IMAGE_SHAPE, char_tokenizer, tiny_config, encode_example, collate, save_tiny
 
 # %% auto #0

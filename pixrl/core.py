@@ -8,10 +8,17 @@ from importlib import metadata
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['IN_TEST', 'repo_root', 'cache_dir', 'git_state', 'package_versions', 'run_record', 'Timer', 'set_seed']
+__all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'PIXRL_META', 'repo_root', 'cache_dir', 'git_state',
+           'package_versions', 'run_record', 'Timer', 'set_seed']
 
 # %% ../nbs/99_core.ipynb #5141a9af
 IN_TEST = bool(os.environ.get("IN_TEST"))  # set by nbdev_test: shrink notebook defaults under it
+
+# The project's own models (built by its notebooks, committed under data/models/ or built into the cache)
+TINY_NAME = "pixrl-tiny"         # the weak 0.8 M fixture base (tests, smoke runs)
+TINY_VL_NAME = "pixrl-tiny-vl"   # the untrained from-config VLM that exercises the vision path
+BASE_NAME = "pixrl-base"         # the competent embedded base (pixrl.base), the campaigns' default
+PIXRL_META = "pixrl.json"        # beside a model's weights: the PromptSpec it was trained with, its budget, its build
 
 def repo_root() -> Path:
     "The pixrl checkout this package was installed from (the folder holding `settings.ini`)."

@@ -8,27 +8,17 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoTokenizer, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
-from .core import repo_root, cache_dir
-from .prompt import PromptSpec, prompt_text, prompt_image, feed_text
+from .core import repo_root, cache_dir, TINY_NAME, TINY_VL_NAME, BASE_NAME, PIXRL_META
+from .prompt import PromptSpec, prompt_text, prompt_image, feed_text, format_answer
 
 hf_logging.disable_progress_bar()  # evidence notebooks carry no progress-bar output
 
 # %% auto #0
-__all__ = ['TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'SHA256SUMS', 'PIXRL_META', 'format_answer', 'model_dir_sha256',
-           'recorded_sha256', 'check_model_dir', 'resolve_model', 'model_meta', 'Samples', 'Policy', 'load_policy',
-           'save_policy']
+__all__ = ['SHA256SUMS', 'model_dir_sha256', 'recorded_sha256', 'check_model_dir', 'resolve_model', 'model_meta', 'Samples',
+           'Policy', 'load_policy', 'save_policy']
 
 # %% ../nbs/06_policy.ipynb #363b23fc
-TINY_NAME = "pixrl-tiny"
-TINY_VL_NAME = "pixrl-tiny-vl"   # the untrained from-config VLM that exercises the vision path
-BASE_NAME = "pixrl-base"         # the competent embedded base (pixrl.base), the campaigns' default
 SHA256SUMS = "SHA256SUMS"        # data/models/SHA256SUMS: `<sha256>  <model name>` of every committed model's weights
-PIXRL_META = "pixrl.json"
-
-def format_answer(program: str, representation: str = "py") -> str:
-    "A program as the prompt asks for it (one ```python block): the target text of pretraining and SFT."
-    if representation != "py": raise ValueError(f"format_answer: representation {representation!r}; accepted: 'py'")
-    return "```python\n" + program.rstrip("\n") + "\n```"
 
 def model_dir_sha256(path) -> str:
     "sha256 of a model directory's weights (`model.safetensors`)."

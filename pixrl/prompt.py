@@ -12,9 +12,9 @@ from .geometry import API_REGISTRY, MATH_NAMES, SAFE_BUILTINS, allowed_names
 # %% auto #0
 __all__ = ['ANISOTROPY_THRESHOLD', 'REPRESENTATIONS', 'RASTER_RULES', 'RASTER_FORMATS', 'SVG_REGISTRY', 'SVG_CONTAINERS',
            'SVG_DOC', 'ANSWER_FORMAT', 'PromptSpec', 'SvgEntry', 'api_doc', 'documented_names', 'documented_calls',
-           'render_scale', 'anisotropy', 'raster', 'ink_bands', 'bands_to_raster', 'band_lines', 'prompt_text',
-           'build_prompt', 'model_image_pil', 'prompt_image', 'user_turn', 'build_messages', 'thinking_kwargs',
-           'feed_text']
+           'render_scale', 'anisotropy', 'raster', 'ink_bands', 'bands_to_raster', 'band_lines', 'format_answer',
+           'prompt_text', 'build_prompt', 'model_image_pil', 'prompt_image', 'user_turn', 'build_messages',
+           'thinking_kwargs', 'feed_text']
 
 # %% ../nbs/02_prompt.ipynb #bb541baa
 ANISOTROPY_THRESHOLD = 1.6
@@ -216,6 +216,12 @@ def _fmt(v: float) -> str:
 
 ANSWER_FORMAT = {"py": "Answer with one ```python block containing only the program.",
                  "svg": "Answer with one ```svg block containing only the <svg> element."}
+
+
+def format_answer(program: str, representation: str = "py") -> str:
+    "A program as the prompt asks for it (one ```python block): the target text of pretraining and SFT."
+    if representation != "py": raise ValueError(f"format_answer: representation {representation!r}; accepted: 'py'")
+    return "```python\n" + program.rstrip("\n") + "\n```"
 
 
 def _body(task, spec: PromptSpec) -> list[str]:

@@ -9,8 +9,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, GenerationConfig
 from .core import repo_root, set_seed, Timer
-from .policy import format_answer, PIXRL_META, TINY_NAME
-from .prompt import PromptSpec, build_prompt
+from .core import PIXRL_META, TINY_NAME
+from .prompt import PromptSpec, build_prompt, format_answer
 from .geometry import render
 
 # %% auto #0
