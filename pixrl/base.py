@@ -9,14 +9,14 @@ import torch
 from transformers import Qwen2ForCausalLM
 from .core import set_seed, Timer
 from .geometry import render
-from .prompt import PromptSpec, build_prompt, format_answer, _fmt
+from .prompt import PromptSpec, build_prompt, format_answer, ink_bands, _fmt
 from .policy import model_dir_sha256
 from .tiny import SceneTask, MODEL_IMAGE_SHAPE, char_tokenizer, tiny_config, encode_example, collate, save_tiny
 
 # %% auto #0
-__all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'cell_primitive', 'cell_scene', 'cell_stream',
-           'BaseConfig', 'save_checkpoint', 'latest_checkpoint', 'group_examples', 'step_examples', 'train_base',
-           'build_base']
+__all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'cell_primitive',
+           'cell_scene', 'cell_stream', 'band_program', 'target_program', 'BaseConfig', 'save_checkpoint',
+           'latest_checkpoint', 'group_examples', 'step_examples', 'train_base', 'build_base']
 
 # %% ../nbs/06a_base.ipynb #b0a1c2d7
 BASE_CELLS = 32
@@ -111,18 +111,43 @@ def cell_stream(seed: int, start: int = 0, n: int = BASE_CELLS):
         yield cell_scene(np.random.default_rng([seed, 7541, k]), k, n)
         k += 1
 
+# %% ../nbs/06a_base.ipynb #b0a1c2f1
+TARGETS = ("bands", "program")   # what the base is taught to write: the band program, or the scene's own program
+BAND_HELPER = ("def b(y, h, *r):\n"
+               "    for x, w in zip(r[::2], r[1::2]):\n"
+               "        rect(x*sx, y*sy, w*sx, h*sy)\n")
+
+
+def band_program(task, n: int = BASE_CELLS) -> str:
+    """The band program of `task`'s model image on the `n × n` grid: `sx`, `sy` from the footprint, the helper
+    `b(y, h, x1, w1, x2, w2, …)` (a band's runs, in cells), then one call per band, in the prompt's order."""
+    W, H = task.footprint_um
+    calls = ["b(" + ",".join(str(v) for v in (y, h, *(c for run in runs for c in run))) + ")"
+             for y, h, runs in ink_bands(task.model_image, n)]
+    return f"sx = {_fmt(W)}/{n}\nsy = {_fmt(H)}/{n}\n" + BAND_HELPER + "\n".join(calls) + "\n"
+
+
+def target_program(scene, target: str = "bands", n: int = BASE_CELLS) -> str:
+    "What the base is taught to write for `scene`: its band program (`target='bands'`) or its own program."
+    if target not in TARGETS:
+        raise ValueError(f"target {target!r}; accepted: {TARGETS}")
+    return band_program(scene, n) if target == "bands" else scene.program
+
+
 # %% ../nbs/06a_base.ipynb #b0a1c2dc
 @dataclasses.dataclass
 class BaseConfig:
     "How pixrl-base is built (`build_base`)."
     cells: int = BASE_CELLS      # raster cells per axis, in the prompt and in the program's units
+    target: str = "bands"        # what the base writes (TARGETS): "bands" (band program) or "program" (the scene's own)
+    number_tokens: bool = True   # one token per number 10–99 (char_tokenizer(number_tokens=True)): a cell index is one token
     hidden: int = 128            # Qwen2 hidden size
     layers: int = 4              # decoder layers
     heads: int = 4               # attention heads
     kv_heads: int = 2            # key/value heads (grouped-query attention)
     intermediate: int = 384      # MLP width
-    steps: int = 1200            # optimizer steps (≈ 3.5 s each at batch 32 on 2 cores: ≈ 70 min)
-    batch_size: int = 32         # scenes per step (scene k of the stream is seen once, at step k // batch_size)
+    steps: int = 2400            # optimizer steps (≈ 1.8 s each at batch 16 on 2 cores: ≈ 75 min)
+    batch_size: int = 16         # scenes per step (each scene of the stream is seen once)
     lr: float = 2e-3             # peak AdamW learning rate (weight decay 0.01, grad-norm clip 1.0)
     warmup: int = 50             # linear warm-up steps, then cosine to min_lr_frac · lr
     min_lr_frac: float = 0.1     # floor of the cosine schedule, as a fraction of lr
@@ -130,12 +155,17 @@ class BaseConfig:
     ckpt_every: int = 100        # steps between checkpoints (resumable; the last two are kept)
     group: int = 4               # steps whose scenes are sorted by length together (less padding, same data)
     max_chars: int = 900         # scenes whose prompt + program is longer are skipped (bounds padding)
-    max_new_tokens: int = 320    # generation budget stored with the model (pixrl.json)
+    max_new_tokens: int = 400    # generation budget stored with the model (pixrl.json)
+
+    def __post_init__(self):
+        if self.target not in TARGETS:
+            raise ValueError(f"BaseConfig.target {self.target!r}; accepted: {TARGETS}")
 
     def model_config(self):
         "The Qwen2 config of this base."
-        return tiny_config(hidden=self.hidden, layers=self.layers, heads=self.heads, kv_heads=self.kv_heads,
-                           intermediate=self.intermediate, max_positions=2048)
+        vocab = len(char_tokenizer(self.number_tokens))
+        return tiny_config(vocab_size=vocab, hidden=self.hidden, layers=self.layers, heads=self.heads,
+                           kv_heads=self.kv_heads, intermediate=self.intermediate, max_positions=2048)
 
     def lr_at(self, step: int) -> float:
         "The learning rate of optimizer step `step` (0-based)."
@@ -199,7 +229,7 @@ def group_examples(cfg: BaseConfig, g: int, tokenizer) -> list[tuple[list[int], 
     pairs = []
     while len(pairs) < cfg.group * cfg.batch_size:
         sc = next(stream)
-        prompt, answer = build_prompt(sc, BASE_PROMPT_SPEC), format_answer(sc.program)
+        prompt, answer = build_prompt(sc, BASE_PROMPT_SPEC), format_answer(target_program(sc, cfg.target, cfg.cells))
         if len(prompt) + len(answer) <= cfg.max_chars:
             pairs.append((prompt, answer))
     pairs.sort(key=lambda pa: len(pa[0]) + len(pa[1]))
@@ -219,7 +249,7 @@ def train_base(cfg: BaseConfig, work_dir, verbose: bool = False, stop_after: int
     """Pretrain (or resume) pixrl-base in `work_dir`; returns (model, tokenizer, log, info).
     `stop_after`: return after that many steps of this call (an interruption, for tests)."""
     work = Path(work_dir)
-    tok = char_tokenizer()
+    tok = char_tokenizer(cfg.number_tokens)
     set_seed(cfg.seed)
     model = Qwen2ForCausalLM(cfg.model_config())
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)

@@ -37,8 +37,8 @@ class PromptSpec:
     image_size: side of the attached image in pixels (nearest-neighbour upscale of the 64×64 model
         image; a multiple of 64).
     raster_format: how a text policy is shown the raster: "grid" (one `#`/`.` character per cell, rows
-        top to bottom) or "runs" (`ink_bands`: per band of identical rows, its ink runs as
-        `y+height: x+width ...` in cells from the bottom-left corner, the geometry language's origin)."""
+        top to bottom) or "runs" (`ink_bands`: one line per band of identical rows, `y,height,x,width,x,width,...`
+        in cells from the bottom-left corner, the geometry language's origin)."""
     representation: str = "py"
     raster: int = 16
     api_doc: bool = True
@@ -205,8 +205,8 @@ def bands_to_raster(bands: list, n: int) -> list[str]:
 
 
 def band_lines(bands: list) -> list[str]:
-    "One prompt line per band: `y+height: x+width x+width ...`."
-    return [f"{y}+{h}: " + " ".join(f"{x}+{w}" for x, w in runs) for y, h, runs in bands]
+    "One prompt line per band: `y,height,x,width,x,width,...` (its rows, then its ink runs)."
+    return [",".join(str(v) for v in (y, h, *(c for run in runs for c in run))) for y, h, runs in bands]
 
 # %% ../nbs/02_prompt.ipynb #bbeaf498
 def _fmt(v: float) -> str:
@@ -231,12 +231,12 @@ def _body(task, spec: PromptSpec) -> list[str]:
         lines.append(api_doc(spec.representation))
     lines.append(f"Footprint: {_fmt(W)} x {_fmt(H)} um")
     n = spec.image_size if spec.vision else spec.raster
-    what = "pixel" if spec.vision else "char"
+    what = "pixel" if spec.vision else "cell" if spec.raster_format == "runs" else "char"
     if spec.vision:
         lines.append(f"Image (attached): {n}x{n} px, the footprint stretched to fill it.")
     elif spec.raster_format == "runs":
         ink = "cells with ink" if spec.raster_rule == "any" else "cells mostly ink"
-        lines.append(f"Image: {n}x{n} cells, footprint stretched; {ink} as y+height: x+width per band, from bottom left:")
+        lines.append(f"Image: {n}x{n} cells, footprint stretched; per band from bottom left, y,height then x,width of each run of {ink}:")
         lines += band_lines(ink_bands(task.model_image, n, spec.raster_rule))
     else:
         ink = "cell has ink" if spec.raster_rule == "any" else "cell mostly ink"

@@ -31,11 +31,14 @@ def _byte_level(c: str) -> str:
     "GPT-2 byte-level name of an ASCII character (only space and newline differ from themselves)."
     return {" ": "\u0120", "\n": "\u010a"}.get(c, c)
 
-def char_tokenizer() -> PreTrainedTokenizerFast:
-    "Character-level tokenizer (byte-level BPE without merges): specials + printable ASCII + newline; eos = pad."
+def char_tokenizer(number_tokens: bool = False) -> PreTrainedTokenizerFast:
+    """Character-level tokenizer (byte-level BPE): specials + printable ASCII + newline; eos = pad.
+    `number_tokens`: also one token per two-digit number 10–99 (the merges of its digit pairs), so a cell
+    coordinate on a 32-cell grid is a single token, in the prompt and in the program alike."""
     chars = [c for c in string.printable if c not in "\t\r\x0b\x0c"]  # 95 printable + "\n"
-    vocab = {t: i for i, t in enumerate([EOS, "<unk>"] + [_byte_level(c) for c in chars])}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    numbers = [str(v) for v in range(10, 100)] if number_tokens else []
+    vocab = {t: i for i, t in enumerate([EOS, "<unk>"] + [_byte_level(c) for c in chars] + numbers)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[(v[0], v[1]) for v in numbers], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS, unk_token="<unk>",

@@ -152,3 +152,11 @@ def test_svg_doc_matches_the_evaluator_parser():
     spec = PromptSpec(representation="svg", api_doc=True)
     p = build_prompt(_visible(fp), spec)
     assert api_doc("svg") in p and "```svg" in p and "rect(x, y, w, h)" not in p
+
+
+def test_runs_scale_line_names_cells():
+    "The runs format counts cells, not characters: its scale line says um/cell, derivable from footprint / n."
+    tall = _visible((10.0, 40.0))
+    p = build_prompt(tall, PromptSpec(raster=32, raster_format="runs"))
+    assert "Scale: x 0.3125 um/cell, y 1.25 um/cell" in p  # 10/32, 40/32
+    assert "um/char" in build_prompt(tall, PromptSpec(raster=32))
