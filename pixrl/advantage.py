@@ -10,8 +10,9 @@ from typing import Sequence
 import numpy as np
 
 # %% auto #0
-__all__ = ['EPS_STD', 'EPS_STD_TRL', 'check_alpha', 'pad_ragged', 'trajectory_advantage', 'turn_advantage',
-           'two_baseline_advantage', 'final_turn_advantage', 'two_baseline_advantage_reference', 'group_advantage']
+__all__ = ['EPS_STD', 'EPS_STD_TRL', 'ADVANTAGES', 'check_alpha', 'pad_ragged', 'trajectory_advantage', 'turn_advantage',
+           'two_baseline_advantage', 'final_turn_advantage', 'two_baseline_advantage_reference', 'dedup_turn_advantage',
+           'anchor_step_advantage', 'credit_advantage', 'credit_advantage_reference', 'group_advantage']
 
 # %% ../nbs/05_advantage.ipynb #baedb3e5
 EPS_STD = 1e-6       # verl's epsilon for std-normalised GRPO advantages (mem line)
@@ -124,6 +125,101 @@ def two_baseline_advantage_reference(r_traj, r_update, alpha: float = 0.9, std_n
             if std_norm:
                 a_turn /= math.sqrt(sum((x - mean_t) ** 2 for x in at_t) / len(at_t)) + EPS_STD
             row.append(alpha * a_traj + (1 - alpha) * a_turn)
+        out.append(np.array(row))
+    return out
+
+# %% ../nbs/05_advantage.ipynb #ad7e0002
+ADVANTAGES = ("two_baseline", "dedup", "gigpo")   # credit assignments of the memory turns, by name
+
+
+def dedup_turn_advantage(r_update: Sequence[Sequence[float]], std_norm: bool = False) -> list[np.ndarray]:
+    """Â(g, t) = r_update(g, t) − b, b = mean over rollouts of each rollout's mean turn reward (every rollout
+    weighted once, whatever its length T_g). With `std_norm`, divided by the rollout-weighted std + 1e-6."""
+    rows = _as_ragged(r_update)
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ValueError(f"every rollout needs ≥ 1 memory turn; got lengths {[len(r) for r in rows]}")
+    values, active = pad_ragged(rows)                                  # (G, T_max) each
+    w = active / active.sum(axis=1, keepdims=True) / len(rows)          # (G, T_max) weights, sum 1
+    b = float((w * values).sum())                                       # scalar baseline
+    adv = (values - b) * active                                         # (G, T_max)
+    if std_norm:
+        adv = adv / (math.sqrt(float((w * (values - b) ** 2).sum())) + EPS_STD)
+    return [adv[g, : len(r)] for g, r in enumerate(rows)]
+
+
+def anchor_step_advantage(r_update: Sequence[Sequence[float]], anchors: Sequence[Sequence],
+                          std_norm: bool = False) -> list[np.ndarray]:
+    """GiGPO's step advantage: Â(g, t) = r_update(g, t) − mean of r_update over all steps of the group whose
+    anchor equals anchors[g][t] (any hashable: the observable state of the step). With `std_norm`, divided by
+    that anchor group's population std + 1e-6. A step alone in its anchor group gets 0."""
+    rows = _as_ragged(r_update)
+    if len(anchors) != len(rows) or any(len(a) != len(r) for a, r in zip(anchors, rows)):
+        raise ValueError(f"anchors must match r_update turn for turn: lengths {[len(a) for a in anchors]} vs "
+                         f"{[len(r) for r in rows]}")
+    groups: dict = {}
+    for g, r in enumerate(rows):
+        for t, v in enumerate(r):
+            groups.setdefault(anchors[g][t], []).append(v)
+    stats = {k: (np.mean(v), np.std(v)) for k, v in groups.items()}   # anchor → (mean, population std)
+    out = []
+    for g, r in enumerate(rows):
+        mean = np.array([stats[a][0] for a in anchors[g]])             # (T_g,)
+        adv = r - mean
+        if std_norm:
+            adv = adv / (np.array([stats[a][1] for a in anchors[g]]) + EPS_STD)
+        out.append(adv)
+    return out
+
+
+def credit_advantage(name: str, r_traj, r_update, anchors=None, alpha: float = 0.9, omega: float = 1.0,
+                     std_norm: bool = False) -> list[np.ndarray]:
+    """The memory turns' advantages under credit assignment `name` (G arrays, array g (T_g,)):
+    "two_baseline": α·Â_traj + (1−α)·Â_turn (the paper); "dedup": α·Â_traj + (1−α)·`dedup_turn_advantage`;
+    "gigpo": Â_traj + ω·`anchor_step_advantage` (needs `anchors`, G ragged sequences of hashables)."""
+    if name not in ADVANTAGES:
+        raise ValueError(f"unknown advantage {name!r}; accepted: {ADVANTAGES}")
+    if name == "two_baseline":
+        return two_baseline_advantage(r_traj, r_update, alpha, std_norm)
+    a_traj = trajectory_advantage(r_traj, std_norm)                     # (G,)
+    rows = _as_ragged(r_update, G=len(a_traj))
+    if name == "dedup":
+        alpha = check_alpha(alpha)
+        a_turn = dedup_turn_advantage(rows, std_norm)
+        return [alpha * a_traj[g] + (1.0 - alpha) * a_turn[g] for g in range(len(a_traj))]
+    if anchors is None:
+        raise ValueError("advantage 'gigpo' needs anchors (one hashable per memory turn)")
+    if isinstance(omega, bool) or not isinstance(omega, numbers.Real) or not math.isfinite(omega) or omega < 0:
+        raise ValueError(f"omega must be a finite real ≥ 0; got {omega!r}")
+    a_step = anchor_step_advantage(rows, anchors, std_norm)
+    return [a_traj[g] + omega * a_step[g] for g in range(len(a_traj))]
+
+
+def credit_advantage_reference(name, r_traj, r_update, anchors=None, alpha=0.9, omega=1.0, std_norm=False):
+    "Plain-loop reference for `credit_advantage` 'dedup' and 'gigpo' (used only by tests)."
+    G = len(r_traj)
+    mean_traj = sum(r_traj) / G
+    std_traj = math.sqrt(sum((x - mean_traj) ** 2 for x in r_traj) / G)
+    out = []
+    for g in range(G):
+        a_traj = r_traj[g] - mean_traj
+        if std_norm:
+            a_traj /= std_traj + EPS_STD
+        row = []
+        for t in range(len(r_update[g])):
+            if name == "dedup":
+                b = sum(sum(r) / len(r) for r in r_update) / G
+                a = r_update[g][t] - b
+                if std_norm:
+                    var = sum((x - b) ** 2 / len(r) for r in r_update for x in r) / G
+                    a /= math.sqrt(var) + EPS_STD
+                row.append(alpha * a_traj + (1 - alpha) * a)
+            else:
+                same = [r_update[h][s] for h in range(G) for s in range(len(r_update[h])) if anchors[h][s] == anchors[g][t]]
+                m = sum(same) / len(same)
+                a = r_update[g][t] - m
+                if std_norm:
+                    a /= math.sqrt(sum((x - m) ** 2 for x in same) / len(same)) + EPS_STD
+                row.append(a_traj + omega * a)
         out.append(np.array(row))
     return out
 

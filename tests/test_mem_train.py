@@ -75,3 +75,26 @@ def test_a7_alpha_1_degenerates():
     assert a1["after"]["p_no_free"] < a9["after"]["p_no_free"] - 0.1        # α = 1 does not: lower evidence-free accuracy
     assert a1["sampled_free_last10"] < a9["sampled_free_last10"] - 0.1
     assert a9["after"]["p_yes_evidence"] > 0.35                             # not by refusing every update (was 0.84; seeds 0/1: 0.67/0.54)
+
+
+def test_mem_train_advantage_by_name():
+    "The trainer's credit assignment is chosen by name; an unknown name is refused before any model load."
+    with pytest.raises(ValueError, match="'gae'"):
+        MemGRPOTrainer(MemTrainConfig(advantage="gae"), a7_fixture(0))
+    class Unchanging(GarbagePolicy):   # never parses, so memory never changes; prompt_ids = the prompt's bytes
+        def generate(self, prompts, temperature=1.0, top_p=1.0, seed=0, max_new_tokens=None):
+            return [Gen(list(p.encode()), [4, 5], "<check>maybe</check> free text") for p in prompts]
+    records, _ = cpu_corpus()
+    trajs = rollout(Unchanging(), records[:2], group_size=3)
+    rng = np.random.default_rng(0)
+    for tr in trajs:   # distinct rewards so the three assignments differ
+        tr.rewards = dict(tr.rewards, r_traj=float(rng.normal()), r_update=rng.choice([-1.0, 1.0], size=len(tr.turns)))
+    by_name = {name: [r.advantage for r in batch_rows(trajs, 0.9, advantage=name) if r.kind == "turn"]
+               for name in ("two_baseline", "dedup", "gigpo")}
+    assert by_name["two_baseline"] != by_name["dedup"] and by_name["two_baseline"] != by_name["gigpo"]
+    # the memory never changes: every turn t has one prompt across the group (the chunk differs by t), so the gigpo
+    # anchors are the turn indices, its step term is the paper's per-step Â_turn, and with ω = 1
+    # Â_traj + Â_turn = 2 × (0.5·Â_traj + 0.5·Â_turn)
+    gi = [r.advantage for r in batch_rows(trajs, 0.9, advantage="gigpo", omega=1.0) if r.kind == "turn"]
+    tb = [2 * r.advantage for r in batch_rows(trajs, 0.5, advantage="two_baseline") if r.kind == "turn"]
+    assert gi == pytest.approx(tb)

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..advantage import two_baseline_advantage, final_turn_advantage, check_alpha
+from ..advantage import credit_advantage, final_turn_advantage, check_alpha, ADVANTAGES
 from .env import MemEpisode, TURN_STOP, TURN_HEADER, ANSWER_HEADER
 from . import corpus as mem_corpus
 
@@ -26,6 +26,8 @@ class MemTrainConfig:
     "Multi-conversation GRPO for the gated memory agent. Defaults = CPU default; see `GPU_DEFAULTS` for Table 3."
     model: str = "pixrl-mem-tiny"      # model id / path; "pixrl-mem-tiny" = the project's embedded CPU default
     alpha: float = 0.9                 # Â = α·Â_traj + (1−α)·Â_turn  (GRU-Mem §3.2.2); must be in [0, 1]
+    advantage: str = "two_baseline"    # credit assignment of memory turns (pixrl.advantage.ADVANTAGES): two_baseline | dedup | gigpo
+    omega: float = 1.0                 # gigpo only: Â = Â_traj + ω·Â_step (anchor = the turn's prompt)
     std_norm: bool = False             # divide advantages by the group std (paper equations: no)
     steps: int = 50                    # optimiser steps (= rollout batches)
     questions_per_step: int = 2        # "train batch size" (questions per step)
@@ -62,6 +64,8 @@ class MemTrainConfig:
     def validate(self) -> "MemTrainConfig":
         "Raise ValueError naming the bad value; returns self."
         check_alpha(self.alpha)
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(f"advantage {self.advantage!r}; accepted: {ADVANTAGES}")
         ints = dict(steps=1, questions_per_step=1, group_size=2, ppo_epochs=1, lora_r=1, max_prompt_tokens=8,
                     max_response_tokens=4, micro_batch_rows=1, threads=1)
         for k, lo in ints.items():
@@ -222,11 +226,14 @@ class Row:
     advantage: float
     kind: str               # "turn" | "answer"
 
-def group_rows(trajs: Sequence[Trajectory], alpha: float, std_norm: bool = False) -> list[Row]:
-    "Rows with advantages for the trajectories of ONE question (a group)."
+def group_rows(trajs: Sequence[Trajectory], alpha: float, std_norm: bool = False, advantage: str = "two_baseline",
+               omega: float = 1.0) -> list[Row]:
+    """Rows with advantages for the trajectories of ONE question (a group). `advantage` names the memory turns'
+    credit assignment (`credit_advantage`); a turn's anchor state for "gigpo" is its prompt."""
     r_traj = np.array([tr.rewards["r_traj"] for tr in trajs])                     # (G,)
-    adv_turn = two_baseline_advantage(r_traj, [tr.rewards["r_update"] for tr in trajs], alpha=alpha,
-                                      std_norm=std_norm)                          # G × (T_g,)
+    anchors = [[tuple(t.prompt_ids) for t in tr.turns] for tr in trajs]          # G × (T_g,)
+    adv_turn = credit_advantage(advantage, r_traj, [tr.rewards["r_update"] for tr in trajs], anchors,
+                                alpha=alpha, omega=omega, std_norm=std_norm)       # G × (T_g,)
     adv_ans = final_turn_advantage(r_traj, std_norm=std_norm)                     # (G,)
     rows = []
     for g, tr in enumerate(trajs):
@@ -235,11 +242,13 @@ def group_rows(trajs: Sequence[Trajectory], alpha: float, std_norm: bool = False
         rows.append(Row(tr.answer.prompt_ids, tr.answer.completion_ids, float(adv_ans[g]), "answer"))
     return rows
 
-def batch_rows(trajs: Sequence[Trajectory], alpha: float, std_norm: bool = False) -> list[Row]:
+def batch_rows(trajs: Sequence[Trajectory], alpha: float, std_norm: bool = False, advantage: str = "two_baseline",
+               omega: float = 1.0) -> list[Row]:
     "Rows of a whole step: groups are the trajectories sharing `question`."
     by_q = {}
-    for tr in trajs: by_q.setdefault(tr.question, []).append(tr)
-    return [row for q in sorted(by_q) for row in group_rows(by_q[q], alpha, std_norm)]
+    for tr in trajs:
+        by_q.setdefault(tr.question, []).append(tr)
+    return [row for q in sorted(by_q) for row in group_rows(by_q[q], alpha, std_norm, advantage, omega)]
 
 # %% ../../nbs/22_mem_train.ipynb #6c4b737c
 def pack_rows(rows: Sequence[Row], pad_id: int):
@@ -421,7 +430,7 @@ class MemGRPOTrainer:
         trajs = rollout(self.policy, self.sample_questions(), cfg.group_size, cfg.temperature, cfg.top_p,
                         seed=cfg.seed * 100_003 + self.step_idx, turn_header=cfg.turn_header, answer_header=cfg.answer_header)
         t1 = time.time()
-        rows = batch_rows(trajs, cfg.alpha, cfg.std_norm)
+        rows = batch_rows(trajs, cfg.alpha, cfg.std_norm, cfg.advantage, cfg.omega)
         m = {"step": self.step_idx + 1, **trajectory_metrics(trajs), **self.update(rows)}
         m["time/rollout_s"], m["time/update_s"] = t1 - t0, time.time() - t1
         self.step_idx += 1
