@@ -11,8 +11,9 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['EPS_STD', 'EPS_STD_TRL', 'ADVANTAGES', 'check_alpha', 'pad_ragged', 'trajectory_advantage', 'turn_advantage',
-           'two_baseline_advantage', 'final_turn_advantage', 'two_baseline_advantage_reference', 'dedup_turn_advantage',
-           'anchor_step_advantage', 'credit_advantage', 'credit_advantage_reference', 'group_advantage']
+           'two_baseline_advantage', 'final_turn_advantage', 'trajectory_advantage_reference',
+           'credit_advantage_reference', 'two_baseline_advantage_reference', 'dedup_turn_advantage',
+           'anchor_step_advantage', 'credit_advantage', 'group_advantage']
 
 # %% ../nbs/05_advantage.ipynb #baedb3e5
 EPS_STD = 1e-6       # verl's epsilon for std-normalised GRPO advantages (mem line)
@@ -104,29 +105,50 @@ def final_turn_advantage(r_traj, std_norm: bool = False) -> np.ndarray:
     return trajectory_advantage(r_traj, std_norm)
 
 # %% ../nbs/05_advantage.ipynb #ef05ffd2
-def two_baseline_advantage_reference(r_traj, r_update, alpha: float = 0.9, std_norm: bool = False) -> list[np.ndarray]:
-    "Plain-loop reference for `two_baseline_advantage` (slow, obvious; used only by tests)."
+def trajectory_advantage_reference(r_traj, std_norm: bool = False) -> list[float]:
+    "Plain-loop Â_traj: r_traj[g] − the group mean (÷ population std + 1e-6 with `std_norm`)."
+    G = len(r_traj)
+    mean_traj = sum(r_traj) / G
+    std_traj = math.sqrt(sum((x - mean_traj) ** 2 for x in r_traj) / G)
+    return [(x - mean_traj) / (std_traj + EPS_STD) if std_norm else x - mean_traj for x in r_traj]
+
+
+def credit_advantage_reference(name, r_traj, r_update, anchors=None, alpha=0.9, omega=1.0, std_norm=False):
+    """Plain-loop reference for every credit assignment of `credit_advantage` (below): "two_baseline" (the
+    per-step baseline over the rollouts active at t), "dedup" and "gigpo". Slow, obvious; used only by tests."""
     alpha = check_alpha(alpha)
     r_traj = [float(x) for x in r_traj]
     r_update = [[float(x) for x in row] for row in r_update]
     G = len(r_traj)
-    mean_traj = sum(r_traj) / G
-    std_traj = math.sqrt(sum((x - mean_traj) ** 2 for x in r_traj) / G)
     out = []
     for g in range(G):
-        a_traj = r_traj[g] - mean_traj
-        if std_norm:
-            a_traj /= std_traj + EPS_STD
+        a_traj = trajectory_advantage_reference(r_traj, std_norm)[g]
         row = []
         for t in range(len(r_update[g])):
-            at_t = [r_update[h][t] for h in range(G) if len(r_update[h]) > t]  # rollouts active at step t
-            mean_t = sum(at_t) / len(at_t)
-            a_turn = r_update[g][t] - mean_t
+            if name == "two_baseline":   # the rollouts active at step t
+                peers = [r_update[h][t] for h in range(G) if len(r_update[h]) > t]
+            elif name == "gigpo":        # every step of the group with the same anchor state
+                peers = [r_update[h][s] for h in range(G) for s in range(len(r_update[h])) if anchors[h][s] == anchors[g][t]]
+            else:                        # dedup: each rollout's turns weighted 1 / T_h
+                peers = None
+            if peers is None:
+                b = sum(sum(r) / len(r) for r in r_update) / G
+                spread = math.sqrt(sum((x - b) ** 2 / len(r) for r in r_update for x in r) / G)
+            else:
+                b = sum(peers) / len(peers)
+                spread = math.sqrt(sum((x - b) ** 2 for x in peers) / len(peers))
+            a = r_update[g][t] - b
             if std_norm:
-                a_turn /= math.sqrt(sum((x - mean_t) ** 2 for x in at_t) / len(at_t)) + EPS_STD
-            row.append(alpha * a_traj + (1 - alpha) * a_turn)
+                a /= spread + EPS_STD
+            row.append(a_traj + omega * a if name == "gigpo" else alpha * a_traj + (1 - alpha) * a)
         out.append(np.array(row))
     return out
+
+
+def two_baseline_advantage_reference(r_traj, r_update, alpha: float = 0.9, std_norm: bool = False) -> list[np.ndarray]:
+    "Plain-loop reference for `two_baseline_advantage` (slow, obvious; used only by tests)."
+    return credit_advantage_reference("two_baseline", r_traj, r_update, alpha=alpha, std_norm=std_norm)
+
 
 # %% ../nbs/05_advantage.ipynb #ad7e0002
 ADVANTAGES = ("two_baseline", "dedup", "gigpo")   # credit assignments of the memory turns, by name
@@ -194,34 +216,6 @@ def credit_advantage(name: str, r_traj, r_update, anchors=None, alpha: float = 0
     return [a_traj[g] + omega * a_step[g] for g in range(len(a_traj))]
 
 
-def credit_advantage_reference(name, r_traj, r_update, anchors=None, alpha=0.9, omega=1.0, std_norm=False):
-    "Plain-loop reference for `credit_advantage` 'dedup' and 'gigpo' (used only by tests)."
-    G = len(r_traj)
-    mean_traj = sum(r_traj) / G
-    std_traj = math.sqrt(sum((x - mean_traj) ** 2 for x in r_traj) / G)
-    out = []
-    for g in range(G):
-        a_traj = r_traj[g] - mean_traj
-        if std_norm:
-            a_traj /= std_traj + EPS_STD
-        row = []
-        for t in range(len(r_update[g])):
-            if name == "dedup":
-                b = sum(sum(r) / len(r) for r in r_update) / G
-                a = r_update[g][t] - b
-                if std_norm:
-                    var = sum((x - b) ** 2 / len(r) for r in r_update for x in r) / G
-                    a /= math.sqrt(var) + EPS_STD
-                row.append(alpha * a_traj + (1 - alpha) * a)
-            else:
-                same = [r_update[h][s] for h in range(G) for s in range(len(r_update[h])) if anchors[h][s] == anchors[g][t]]
-                m = sum(same) / len(same)
-                a = r_update[g][t] - m
-                if std_norm:
-                    a /= math.sqrt(sum((x - m) ** 2 for x in same) / len(same)) + EPS_STD
-                row.append(a_traj + omega * a)
-        out.append(np.array(row))
-    return out
 
 # %% ../nbs/05_advantage.ipynb #2e08f7ad
 def group_advantage(rewards, group_size: int, scale: str = "group") -> np.ndarray:
