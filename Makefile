@@ -66,7 +66,7 @@ bench-eval: setup
 	papermill nbs/bench_eval.ipynb runs/bench_eval.ipynb --cwd nbs
 
 lab: setup
-	jupyter lab --notebook-dir=nbs
+	pixrl lab
 
 clean-nbs: setup
 	nbdev_clean

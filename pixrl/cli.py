@@ -11,6 +11,7 @@ COMMANDS = {  # sub-command -> (module, one-line help)
     "tasks":    ("pixrl.tasks", "build, verify or seal the depth-v1 release"),
     "preflight": ("pixrl.preflight", "run the campaign preflight gates (data, git, whitelist, token audit, positive control)"),
     "loop":     ("pixrl.agent_loop", "attempt -> measure -> revise loop on a model or an OpenAI-compatible endpoint"),
+    "lab":      ("pixrl.lab", "JupyterLab on the repository (nbs/ and runs/), for root and non-root users"),
 }
 
 def usage() -> str:
