@@ -176,35 +176,42 @@ class EndpointError(RuntimeError):
     "An OpenAI-compatible endpoint is down or answered something that is not a completion."
 
 class EndpointPolicy:
-    "A policy served behind an OpenAI-compatible `/v1/completions` (transformers serve, vllm serve)."
+    """A policy served behind an OpenAI-compatible `/v1/completions` (transformers serve, vllm serve), called
+    through the `openai` client: `timeout` per request, `max_retries` with exponential back-off on connection
+    errors, 408/409/429 and 5xx (the client's own policy); any other failure is an `EndpointError` naming the URL."""
     def __init__(self, base_url: str, model: str, *, timeout: float = 300.0, api_key: str | None = None,
-                 prompt_spec=None):
+                 prompt_spec=None, max_retries: int = 3):
+        import openai
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be an int ≥ 0; got {max_retries!r}")
         root = base_url.rstrip("/")
-        self.url = (root if root.endswith("/v1") else root + "/v1") + "/completions"
-        self.model, self.timeout, self.api_key, self.name = model, timeout, api_key, model
+        self.base_url = root if root.endswith("/v1") else root + "/v1"
+        self.url = self.base_url + "/completions"
+        self.model, self.timeout, self.name = model, timeout, model
+        self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key or "EMPTY", timeout=timeout,
+                                    max_retries=max_retries)
         if prompt_spec is not None: self.prompt_spec = prompt_spec
 
     def _post(self, payload: dict) -> list[str]:
-        body = json.dumps(payload).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.api_key: headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        import openai
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            raise EndpointError(f"{self.url} answered HTTP {e.code}: {e.read()[:300]!r}") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise EndpointError(f"{self.url} is unreachable: {getattr(e, 'reason', e)}") from None
-        try: data = json.loads(raw)
-        except ValueError: raise EndpointError(f"{self.url} returned non-JSON: {raw[:200]!r}") from None
-        choices = data.get("choices") if isinstance(data, dict) else None
-        if not isinstance(choices, list) or not choices or not all(
-                isinstance(c, dict) and isinstance(c.get("text"), str) for c in choices):
+            data = self.client.completions.create(**payload)
+        except openai.APIStatusError as e:
+            raise EndpointError(f"{self.url} answered HTTP {e.status_code}: {str(e.response.text)[:300]!r}") from None
+        except openai.APIConnectionError as e:   # includes timeouts, after the retries
+            raise EndpointError(f"{self.url} is unreachable: {e.__cause__ or e}") from None
+        except openai.APIResponseValidationError as e:
+            raise EndpointError(f"{self.url} returned a body that is not a completion: {e}") from None
+        except ValueError as e:                  # the body is not JSON
+            raise EndpointError(f"{self.url} returned non-JSON: {e}") from None
+        if isinstance(data, str):                # the client hands back a non-JSON body as text
+            raise EndpointError(f"{self.url} returned non-JSON: {data[:200]!r}")
+        choices = getattr(data, "choices", None)
+        if not isinstance(choices, list) or not choices or not all(isinstance(getattr(c, "text", None), str) for c in choices):
             raise EndpointError(f"{self.url} returned no completion choices: {str(data)[:200]}")
-        return [c["text"] for c in sorted(choices, key=lambda c: c.get("index", 0))]
+        return [c.text for c in sorted(choices, key=lambda c: getattr(c, "index", 0) or 0)]
 
     def generate(self, prompts: list[str], n: int, temperature: float = 1.0, max_new_tokens: int | None = None,
                  seed: int = 0) -> list[list[str]]:
@@ -270,7 +277,8 @@ def cli_main(argv: list[str] | None = None) -> int:
         rec = run_agent_loop(policy, resolve_tasks(a.tasks, a.limit), cfg, spec=spec, model=a.model)
     except (ValueError, EndpointError) as e:
         print(f"pixrl.agent_loop: {e}", file=sys.stderr); return 2
-    rec["run"] = run_record(seed=cfg.seed, data_digest=rec["data_digest"])
+    endpoint = {"base_url": policy.base_url, "served_model": policy.model} if a.base_url else None
+    rec["run"] = run_record(seed=cfg.seed, data_digest=rec["data_digest"], endpoint=endpoint)
     out = Path(a.out); out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rec, indent=1, sort_keys=True, allow_nan=False) + "\n")
     print(json.dumps(rec["summary"]))

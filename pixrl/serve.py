@@ -137,17 +137,21 @@ def start_server(export_dir, backend: str = "auto", host: str = "127.0.0.1", por
         log.close()
 
 def complete(base_url: str, model: str, prompt: str, max_tokens: int = 32, temperature: float = 0.0,
-             timeout: float = 120.0, endpoint: str = "/v1/completions") -> tuple[int, dict]:
-    "POST an OpenAI completion (or chat when `endpoint` is /v1/chat/completions); (HTTP status, JSON body)."
-    body = dict(model=model, max_tokens=max_tokens, temperature=temperature)
-    if endpoint.endswith("chat/completions"): body["messages"] = [dict(role="user", content=prompt)]
-    else: body["prompt"] = prompt
-    req = urllib.request.Request(base_url + endpoint, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+             timeout: float = 120.0, endpoint: str = "/v1/completions", max_retries: int = 2) -> tuple[int, dict]:
+    """An OpenAI completion (or chat when `endpoint` is /v1/chat/completions) through the `openai` client (retries
+    with back-off on connection errors, 408/409/429, 5xx); returns (HTTP status, JSON body). An HTTP error is
+    returned as (its status, {"error": its text}); an unreachable server raises `openai.APIConnectionError`."""
+    import openai
+    client = openai.OpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="EMPTY", timeout=timeout, max_retries=max_retries)
+    kw = dict(model=model, max_tokens=max_tokens, temperature=temperature)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r: return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, {"error": e.read().decode(errors="replace")}
+        if endpoint.endswith("chat/completions"):
+            raw = client.chat.completions.with_raw_response.create(messages=[dict(role="user", content=prompt)], **kw)
+        else:
+            raw = client.completions.with_raw_response.create(prompt=prompt, **kw)
+    except openai.APIStatusError as e:
+        return e.status_code, {"error": e.response.text}
+    return raw.status_code, json.loads(raw.text)
 
 def completion_text(body: dict) -> str:
     "The generated text of a completions or chat-completions response body."

@@ -140,8 +140,10 @@ class _Handler(BaseHTTPRequestHandler):
             data, code = json.dumps({"error": "x"}).encode(), 200
         elif self.mode == "500":
             data, code = b"boom", 500
+        elif self.mode == "503_once" and len(type(self).seen) == 1:
+            data, code = b"busy", 503
         else:
-            n = 1 if self.mode == "ignore_n" else body["n"]
+            n = 1 if self.mode == "ignore_n" else body.get("n", 1)
             ch = [{"index": k, "text": f"rect(0, 0, {k + 1}, {body['seed'] % 97 + 1})"} for k in reversed(range(n))]
             data, code = json.dumps({"choices": ch}).encode(), 200
         self.send_response(code)
@@ -180,7 +182,17 @@ def test_endpoint_policy_ok_and_ignored_n(server):
 def test_endpoint_policy_bad_answers(server, mode, match):
     _Handler.mode = mode
     with pytest.raises(EndpointError, match=match):
-        EndpointPolicy(f"http://127.0.0.1:{server.server_port}", "m").generate(["a"], n=2)
+        EndpointPolicy(f"http://127.0.0.1:{server.server_port}", "m", max_retries=1).generate(["a"], n=2)
+    assert len(_Handler.seen) == (2 if mode == "500" else 1)   # a 5xx is retried (max_retries), a bad body is not
+
+
+def test_endpoint_policy_retries_a_transient_error(server):
+    "The openai client's back-off: a 503 then a good answer is a success, after two requests."
+    _Handler.mode = "503_once"
+    out = EndpointPolicy(f"http://127.0.0.1:{server.server_port}", "m", max_retries=2).generate(["a"], n=2, seed=1)
+    assert len(out[0]) == 2 and len(_Handler.seen) == 2
+    with pytest.raises(ValueError, match="-1"):
+        EndpointPolicy(f"http://127.0.0.1:{server.server_port}", "m", max_retries=-1)
 
 
 def test_endpoint_down_is_a_clear_error():
@@ -236,5 +248,6 @@ def test_cli_against_endpoint_and_dead_endpoint(server, tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     rec = json.loads(out.read_text())
     assert rec["tasks"][0]["task_id"] == tid and rec["prompt_spec"]["api_doc"] is False and rec["run"]["seed"] == 0
+    assert rec["run"]["endpoint"] == {"base_url": f"http://127.0.0.1:{server.server_port}/v1", "served_model": "m"}
     rc = cli_main(["--base-url", "http://127.0.0.1:9", "--model", "m", "--tasks", tid, "--out", str(tmp_path / "x.json")])
     assert rc == 2 and "unreachable" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
