@@ -38,16 +38,19 @@ def redact_numbers(text: str) -> str:
     for i, ch in enumerate(text):
         numeric = ch.isdigit() or ch.isnumeric()
         if numeric or (ch == "." and in_num and i + 1 < len(text) and text[i + 1].isdigit()):
-            if not in_num: out.append("<n>")
+            if not in_num:
+                out.append("<n>")
             in_num = True
         else:
-            out.append(ch); in_num = False
+            out.append(ch)
+            in_num = False
     return "".join(out)
 
 def material_direction(extra_um, missing_um, tol: float = DIRECTION_TOL) -> str:
     "'EXTRA', 'MISSING', 'BOTH' or 'NONE' from the chamfer asymmetry (extra - missing)/(extra + missing)."
     e, m = float(extra_um or 0.0), float(missing_um or 0.0)
-    if e + m <= 0: return "NONE"
+    if e + m <= 0:
+        return "NONE"
     a = (e - m) / (e + m)
     return "EXTRA" if a > tol else "MISSING" if a < -tol else "BOTH"
 
@@ -67,7 +70,8 @@ def feedback(attempt: dict) -> str:
     if status != "OK":
         text = STATUS_FEEDBACK.get(status, f"The program did not run ({status}).")
         reason = " ".join(str(attempt.get("reason") or "").split())[:160]
-        if reason: text += f" Reason: {reason}"
+        if reason:
+            text += f" Reason: {reason}"
         return redact_numbers(text)
     iou = attempt["iou"] or 0.0
     bucket = next(s for lo, s in CLOSENESS_BUCKETS if iou >= lo)
@@ -77,7 +81,8 @@ def feedback(attempt: dict) -> str:
 def revision_prompt(task_prompt: str, champion_code: str, feedback_text: str) -> str:
     "Task prompt + previous program + feedback; the task prompt's last line (answer cue) closes it."
     head, sep, cue = task_prompt.rstrip("\n").rpartition("\n")
-    if not sep: head, cue = task_prompt.rstrip("\n"), ""
+    if not sep:
+        head, cue = task_prompt.rstrip("\n"), ""
     block = (f"{head}\nPrevious attempt:\n```python\n{champion_code.strip()}\n```\n"
              f"Feedback: {feedback_text}\nWrite an improved program.\n")
     tail = task_prompt[len(task_prompt.rstrip("\n")):]  # keep the prompt's own trailing newline(s)
@@ -121,7 +126,8 @@ def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(),
     never executed keeps its status and `executable: False` — it is reported, never scored as a
     silent zero IoU."""
     from pixrl.prompt import PromptSpec
-    if not tasks: raise ValueError("run_agent_loop: no tasks given")
+    if not tasks:
+        raise ValueError("run_agent_loop: no tasks given")
     spec = spec or getattr(policy, "prompt_spec", None) or PromptSpec(representation=config.representation)
     prompts = task_prompts(policy, tasks, spec)
     gen = dict(temperature=config.temperature, max_new_tokens=config.max_new_tokens,
@@ -192,7 +198,8 @@ class EndpointPolicy:
         self.model, self.timeout, self.name = model, timeout, model
         self.client = openai.OpenAI(base_url=self.base_url, api_key=api_key or "EMPTY", timeout=timeout,
                                     max_retries=max_retries)
-        if prompt_spec is not None: self.prompt_spec = prompt_spec
+        if prompt_spec is not None:
+            self.prompt_spec = prompt_spec
 
     def _post(self, payload: dict) -> list[str]:
         import openai
@@ -231,7 +238,8 @@ class EndpointPolicy:
 # %% ../nbs/11_agent_loop.ipynb #9190076a
 def make_policy(model: str, base_url: str | None = None, prompt_spec=None):
     "In-process `pixrl.policy.load_policy(model)`, or an `EndpointPolicy` when `base_url` is given."
-    if base_url: return EndpointPolicy(base_url, model, prompt_spec=prompt_spec)
+    if base_url:
+        return EndpointPolicy(base_url, model, prompt_spec=prompt_spec)
     from pixrl.policy import load_policy
     return load_policy(model)
 
@@ -244,9 +252,11 @@ def resolve_tasks(spec: str, limit: int | None = None) -> list[Task]:
     else:
         tasks = [get_task(i.strip()) for i in spec.split(",") if i.strip()]
     if limit is not None:
-        if limit < 1: raise ValueError(f"--limit must be >= 1, got {limit}")
+        if limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {limit}")
         tasks = tasks[:limit]
-    if not tasks: raise ValueError(f"--tasks {spec!r} selects no task")
+    if not tasks:
+        raise ValueError(f"--tasks {spec!r} selects no task")
     return tasks
 
 def cli_main(argv: list[str] | None = None) -> int:
@@ -256,7 +266,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pixrl.agent_loop", description="attempt -> measure -> revise loop")
     ap.add_argument("--model", default="pixrl-tiny", help="model id/path (in-process), or the served name with --base-url")
     ap.add_argument("--base-url", help="OpenAI-compatible server root, e.g. http://127.0.0.1:8000")
-    ap.add_argument("--tasks", default="bench"); ap.add_argument("--limit", type=int)
+    ap.add_argument("--tasks", default="bench")
+    ap.add_argument("--limit", type=int)
     d = LoopConfig()
     for f in dataclasses.fields(LoopConfig):
         v = getattr(d, f.name)
@@ -270,16 +281,19 @@ def cli_main(argv: list[str] | None = None) -> int:
         spec = None
         if a.base_url and (a.raster or a.no_api_doc):
             kw = {"representation": a.representation, "api_doc": not a.no_api_doc}
-            if a.raster: kw["raster"] = a.raster
+            if a.raster:
+                kw["raster"] = a.raster
             spec = PromptSpec(**kw)
         cfg = LoopConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(LoopConfig)})
         policy = make_policy(a.model, a.base_url, spec)
         rec = run_agent_loop(policy, resolve_tasks(a.tasks, a.limit), cfg, spec=spec, model=a.model)
     except (ValueError, EndpointError) as e:
-        print(f"pixrl.agent_loop: {e}", file=sys.stderr); return 2
+        print(f"pixrl.agent_loop: {e}", file=sys.stderr)
+        return 2
     endpoint = {"base_url": policy.base_url, "served_model": policy.model} if a.base_url else None
     rec["run"] = run_record(seed=cfg.seed, data_digest=rec["data_digest"], endpoint=endpoint)
-    out = Path(a.out); out.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rec, indent=1, sort_keys=True, allow_nan=False) + "\n")
     print(json.dumps(rec["summary"]))
     return 0

@@ -37,8 +37,10 @@ def cell_primitive(rng: np.random.Generator, n: int, sx: float, sy: float) -> tu
     if kind in ("rect", "thin"):
         w, h = _ri(rng, 1, int(0.9 * n)), _ri(rng, 1, int(0.9 * n))
         if kind == "thin":
-            if rng.random() < 0.5: w = _ri(rng, 1, 3)
-            else: h = _ri(rng, 1, 3)
+            if rng.random() < 0.5:
+                w = _ri(rng, 1, 3)
+            else:
+                h = _ri(rng, 1, 3)
         x, y = _ri(rng, 0, n - w), _ri(rng, 0, n - h)
         return (y + h, x), f"rect({x}*sx, {y}*sy, {w}*sx, {h}*sy)"
     if kind in ("circle", "ring"):
@@ -54,8 +56,10 @@ def cell_primitive(rng: np.random.Generator, n: int, sx: float, sy: float) -> tu
         x, y = _ri(rng, 2, n - 2), _ri(rng, 2, n - 2)
         pts = [(x, y)]
         for k in range(_ri(rng, 1, 3)):
-            if k % 2 == 0: x = _ri(rng, 2, n - 2)
-            else: y = _ri(rng, 2, n - 2)
+            if k % 2 == 0:
+                x = _ri(rng, 2, n - 2)
+            else:
+                y = _ri(rng, 2, n - 2)
             pts.append((x, y))
         top, left = max(p[1] for p in pts), min(p[0] for p in pts)
         return (top, left), "path([" + ", ".join(f"({a}*sx, {b}*sy)" for a, b in pts) + f"], {width}*s)"
@@ -63,7 +67,8 @@ def cell_primitive(rng: np.random.Generator, n: int, sx: float, sy: float) -> tu
         pts = [(_ri(rng, 0, n), _ri(rng, 0, n)) for _ in range(_ri(rng, 3, 5))]
         cx, cy = np.mean(pts, 0)
         pts = sorted(set(pts), key=lambda p: math.atan2(p[1] - cy, p[0] - cx))
-        if len(pts) < 3: return cell_primitive(rng, n, sx, sy)
+        if len(pts) < 3:
+            return cell_primitive(rng, n, sx, sy)
         return (max(p[1] for p in pts), min(p[0] for p in pts)), \
             "polygon([" + ", ".join(f"({a}*sx, {b}*sy)" for a, b in pts) + "])"
     w, h, gap = _ri(rng, 1, 4), _ri(rng, 1, 4), _ri(rng, 1, 4)
@@ -286,7 +291,8 @@ def train_base(cfg: BaseConfig, work_dir, verbose: bool = False, stop_after: int
                 t.__exit__()
                 log.append({"step": step, "loss": round(float(loss), 4), "lr": cfg.lr_at(step),
                             "tokens": int(batch["attention_mask"].sum()), "seconds_this_run": round(t.seconds, 1)})
-                if verbose: print(log[-1], flush=True)
+                if verbose:
+                    print(log[-1], flush=True)
             if done % cfg.ckpt_every == 0 or done == cfg.steps or (stop_after and ran >= stop_after):
                 save_checkpoint(work / "ckpt", done, {"model": model.state_dict(), "optimizer": opt.state_dict(),
                                                       "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(),

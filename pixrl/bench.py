@@ -28,14 +28,16 @@ def benchmark_tasks(n_families: int = BENCH_FAMILIES, per_family: int = BENCH_PE
     if split != "test":
         raise ValueError(f"the benchmark is drawn from the test split only, got split={split!r}")
     by_family = defaultdict(list)
-    for t in load_split(split, release=release): by_family[t.family].append(t)
+    for t in load_split(split, release=release):
+        by_family[t.family].append(t)
     level_of = {f: min(t.level for t in ts) for f, ts in by_family.items()}
     queues = {lvl: [f for f in sorted(by_family) if level_of[f] == lvl and len(by_family[f]) >= per_family]
               for lvl in sorted(set(level_of.values()))}
     picked = []
     while len(picked) < n_families and any(queues.values()):
         for lvl in queues:
-            if queues[lvl] and len(picked) < n_families: picked.append(queues[lvl].pop(0))
+            if queues[lvl] and len(picked) < n_families:
+                picked.append(queues[lvl].pop(0))
     if len(picked) < n_families:
         raise ValueError(f"benchmark needs {n_families} families with >= {per_family} {split} tasks; "
                          f"only {len(picked)} have: {picked}")
@@ -53,7 +55,8 @@ def champion_index(attempts: list[dict]) -> int:
 def bench_metrics(rows: list[dict]) -> dict:
     "Aggregate metrics over task rows (`samples` = attempt dicts) — see the table above."
     samples = [a for r in rows for a in r["samples"]]
-    if not samples: raise ValueError("bench_metrics: no samples")
+    if not samples:
+        raise ValueError("bench_metrics: no samples")
     ok = [a for a in samples if a["status"] == "OK"]
     return {"n_tasks": len(rows), "n_samples": len(samples),
             "exec_rate": len(ok) / len(samples),
@@ -76,9 +79,11 @@ def run_benchmark(policy, tasks: list[Task] | None = None, *, n: int = 8, temper
     """Sample `n` completions per benchmark task, verify and score them; returns the strict-JSON record."""
     from pixrl.prompt import PromptSpec
     tasks = benchmark_tasks() if tasks is None else list(tasks)
-    if not tasks: raise ValueError("run_benchmark: no tasks")
+    if not tasks:
+        raise ValueError("run_benchmark: no tasks")
     bad = [t.id for t in tasks if t.split != "test"]
-    if bad: raise ValueError(f"benchmark tasks must come from the test split; not test: {bad[:5]}")
+    if bad:
+        raise ValueError(f"benchmark tasks must come from the test split; not test: {bad[:5]}")
     spec = spec or getattr(policy, "prompt_spec", None) or PromptSpec(representation=representation)
     with Timer() as timer:
         scored = sample_and_verify(policy, tasks, task_prompts(policy, tasks, spec), n,
@@ -99,7 +104,8 @@ def run_benchmark(policy, tasks: list[Task] | None = None, *, n: int = 8, temper
 
 def save_record(record: dict, path) -> Path:
     "Write a bench / agent-loop record as strict, sorted, indented JSON (stable diffs)."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, sort_keys=True, allow_nan=False) + "\n")
     return path
 

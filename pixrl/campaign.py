@@ -225,8 +225,10 @@ def validate(cfg: CampaignConfig) -> RunPlan:
         raise ValueError(f"arm {cfg.arm} forks a finished A campaign: pass fork_from=<runs_root>/<A run directory>")
     if cfg.fork_from:
         src = Path(cfg.fork_from) / "state.json"
-        if not src.exists(): raise ValueError(f"fork_from={cfg.fork_from!r} holds no campaign state.json")
-    if cfg.rollouts < 2: raise ValueError(f"rollouts must be >= 2, got {cfg.rollouts!r}")
+        if not src.exists():
+            raise ValueError(f"fork_from={cfg.fork_from!r} holds no campaign state.json")
+    if cfg.rollouts < 2:
+        raise ValueError(f"rollouts must be >= 2, got {cfg.rollouts!r}")
     if cfg.scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"unknown scale_rewards {cfg.scale_rewards!r}; accepted: {', '.join(SCALE_REWARDS)}")
     if cfg.loss_type not in LOSS_TYPES:
@@ -235,7 +237,8 @@ def validate(cfg: CampaignConfig) -> RunPlan:
         raise ValueError(f"beta={cfg.beta!r}: the KL coefficient must be >= 0")
     if cfg.reward not in REWARD_POLICIES:
         raise ValueError(f"unknown reward policy {cfg.reward!r}; accepted: {', '.join(REWARD_POLICIES)}")
-    if cfg.probe_k < 1 or cfg.probe_per_level < 1: raise ValueError("probe_k and probe_per_level must be >= 1")
+    if cfg.probe_k < 1 or cfg.probe_per_level < 1:
+        raise ValueError("probe_k and probe_per_level must be >= 1")
     path = resolve_model(cfg.model)                            # missing path -> ValueError
     if plan.needs_thinking:
         meta = model_meta(path) if Path(path).exists() else {}
@@ -258,14 +261,17 @@ def validate(cfg: CampaignConfig) -> RunPlan:
     return plan
 
 # %% ../nbs/09_campaign.ipynb #9640e54f
-def _now(): return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+def _now():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 def load_state(run_dir) -> dict:
     return json.loads((Path(run_dir) / "state.json").read_text())
 
 def save_state(run_dir, state: dict) -> None:
-    p = Path(run_dir) / "state.json"; tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1)); os.replace(tmp, p)
+    p = Path(run_dir) / "state.json"
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    os.replace(tmp, p)
 
 def ckpt_dir(state: dict, k: int | str) -> Path:
     "Where stage k's checkpoints and final weights live (outside git)."
@@ -274,15 +280,18 @@ def ckpt_dir(state: dict, k: int | str) -> Path:
 def init_state(cfg: CampaignConfig, plan: RunPlan) -> dict:
     "Create (or reuse) the state for `cfg`; restart it when its checkpoints are not on this machine."
     from pixrl.policy import resolve_model
-    rd = cfg.run_dir; rd.mkdir(parents=True, exist_ok=True)
+    rd = cfg.run_dir
+    rd.mkdir(parents=True, exist_ok=True)
     if (rd / "state.json").exists():
         st = load_state(rd)
-        if (cache_dir("campaigns") / st["campaign_id"]).exists(): return st
+        if (cache_dir("campaigns") / st["campaign_id"]).exists():
+            return st
         print(f"[campaign] {rd}/state.json belongs to campaign {st['campaign_id']} whose checkpoints are not on this "
               "machine; starting it afresh")
         for pat in ("stage_*.json", "probe_*.json", "metrics_*.json", "canary.jsonl", "campaign.log", "summary.json",
                     "preflight.json"):
-            for f in rd.glob(pat): f.unlink()
+            for f in rd.glob(pat):
+                f.unlink()
     st = {"fingerprint": cfg.fingerprint(), "campaign_id": f"{rd.name}-{cfg.fingerprint()}-{uuid.uuid4().hex[:6]}",
           "config": {**dataclasses.asdict(cfg), "sft_levels": list(cfg.sft_levels) if cfg.sft_levels else None,
                      "levels": list(cfg.levels)},
@@ -290,29 +299,36 @@ def init_state(cfg: CampaignConfig, plan: RunPlan) -> dict:
           "stages": [{"name": s.name, "status": "pending", "attempts": 0} for s in plan.stages],
           "base_probe": None, "events": [], "created_at": _now()}
     cache_dir("campaigns", st["campaign_id"])
-    if cfg.fork_from: _seed_fork(st, cfg, plan)
+    if cfg.fork_from:
+        _seed_fork(st, cfg, plan)
     save_state(rd, st)
     (rd / "config.json").write_text(json.dumps(st["config"], indent=1))
     return st
 
 def _seed_fork(st: dict, cfg: CampaignConfig, plan: RunPlan) -> None:
     "Copy stages 0..fork_through (records, weights path, probes) and the base probe from the fork source."
-    src_dir = Path(cfg.fork_from); src = load_state(src_dir)
+    src_dir = Path(cfg.fork_from)
+    src = load_state(src_dir)
     for k in range(plan.fork_through + 1):
         s = src["stages"][k] if k < len(src["stages"]) else None
         if s is None or s["name"] != plan.stages[k].name or s["status"] not in ("done", "gate_failed", "forked"):
             raise ValueError(f"fork source {src_dir} has no completed stage {k} ({plan.stages[k].name}) to fork from")
-        rec = dict(s); rec["status"] = "forked" if s["status"] == "done" else s["status"]; rec["forked_from"] = str(src_dir)
+        rec = dict(s)
+        rec["status"] = "forked" if s["status"] == "done" else s["status"]
+        rec["forked_from"] = str(src_dir)
         for key in ("probe",):
-            if s.get(key): shutil.copy(src_dir / s[key], Path(cfg.run_dir) / s[key])
+            if s.get(key):
+                shutil.copy(src_dir / s[key], Path(cfg.run_dir) / s[key])
         st["stages"][k] = rec
-    st["base_probe"] = src["base_probe"]; shutil.copy(src_dir / src["base_probe"], Path(cfg.run_dir) / src["base_probe"])
+    st["base_probe"] = src["base_probe"]
+    shutil.copy(src_dir / src["base_probe"], Path(cfg.run_dir) / src["base_probe"])
 
 def stage_input(state: dict, k: int) -> str:
     "The weights stage k starts from: the last stage before k that finished ('done'/'forked'), else the base model."
     for j in range(k - 1, -1, -1):
         s = state["stages"][j]
-        if s["status"] in ("done", "forked"): return s["final_dir"]
+        if s["status"] in ("done", "forked"):
+            return s["final_dir"]
     return state["model_path"]
 
 # %% ../nbs/09_campaign.ipynb #82d2cc5a
@@ -353,7 +369,8 @@ def campaign_reward(config: dict) -> str:
 def _probe(state: dict, model_dir: str, tag) -> str:
     from pixrl.policy import load_policy
     from pixrl.probe import probe_tasks, run_probe, save_probe
-    c = state["config"]; op = operating_point(c)
+    c = state["config"]
+    op = operating_point(c)
     pol = load_policy(model_dir, thinking=op["thinking"])
     res = run_probe(pol, probe_tasks(c["probe_per_level"]), k=c["probe_k"], seed=c["seed"],
                     max_new_tokens=op["max_new_tokens"], reward=campaign_reward(c))
@@ -376,15 +393,22 @@ def canary_probe(state: dict, policy):
 
 def run_stage(run_dir, k) -> dict:
     "Execute stage k (or the base probe for k='base') of the campaign in `run_dir`; writes stage_<k>.json."
-    run_dir = Path(run_dir); state = load_state(run_dir); state["run_dir"] = str(run_dir)
+    run_dir = Path(run_dir)
+    state = load_state(run_dir)
+    state["run_dir"] = str(run_dir)
     if k == "preflight":
         return run_preflight_stage(state, run_dir)
-    c = state["config"]; set_seed(c["seed"]); op = operating_point(c)
+    c = state["config"]
+    set_seed(c["seed"])
+    op = operating_point(c)
     if k == "base" or not (state["base_probe"] or (run_dir / "stage_base.json").exists()):
         # the campaign-start probe runs in the first stage's process (one interpreter start less)
         (run_dir / "stage_base.json").write_text(json.dumps({"probe": _probe(state, state["model_path"], "base")}))
-        if k == "base": return {"probe": "probe_base.json"}
-    k = int(k); s = state["plan"][k]; inp = state["stages"][k]["input"]
+        if k == "base":
+            return {"probe": "probe_base.json"}
+    k = int(k)
+    s = state["plan"][k]
+    inp = state["stages"][k]["input"]
     d = ckpt_dir(state, k)
     from pixrl.grpo import run_grpo, run_sft
     if s["kind"] == "sft":
@@ -416,7 +440,8 @@ def _sub(run_dir, k, log) -> None:
     cmd = [sys.executable, "-m", "pixrl.campaign", "stage", "--run-dir", str(run_dir), "--stage", str(k)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "a") as f:
-        f.write(f"\n=== {_now()} {' '.join(cmd)}\n"); f.flush()
+        f.write(f"\n=== {_now()} {' '.join(cmd)}\n")
+        f.flush()
         r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     if r.returncode != 0:
         tail = Path(log).read_text()[-3000:]
@@ -424,7 +449,8 @@ def _sub(run_dir, k, log) -> None:
 
 def _gate(state: dict, k: int, run_dir: Path, exec_slack: float) -> tuple[bool, str] | None:
     s = state["plan"][k]
-    if not s["gate"]: return None
+    if not s["gate"]:
+        return None
     post = json.loads((run_dir / state["stages"][k]["probe"]).read_text())
     if s["gate"] == "absolute":
         base = json.loads((run_dir / state["base_probe"]).read_text())
@@ -435,18 +461,23 @@ def _gate(state: dict, k: int, run_dir: Path, exec_slack: float) -> tuple[bool, 
     return gate_relative(post, ref, s["level"], exec_slack)
 
 def _short(path: str) -> str:
-    p = Path(path); return p.name if p.name != "final" else f"{p.parent.name}/final"
+    p = Path(path)
+    return p.name if p.name != "final" else f"{p.parent.name}/final"
 
-def _reint(d): return {int(L): v for L, v in d.items()}
+def _reint(d):
+    return {int(L): v for L, v in d.items()}
 
 def run_campaign(cfg: CampaignConfig, verbose: bool = True) -> dict:
     "Run (or resume) the campaign `cfg`; returns the final state."
     plan = validate(cfg)
-    state = init_state(cfg, plan); rd = cfg.run_dir; log = rd / "campaign.log"
+    state = init_state(cfg, plan)
+    rd = cfg.run_dir
+    log = rd / "campaign.log"
     say = (lambda *a: print("[campaign]", *a, flush=True)) if verbose else (lambda *a: None)
     def _base_done():
         if not state["base_probe"] and (rd / "stage_base.json").exists():
-            state["base_probe"] = json.loads((rd / "stage_base.json").read_text())["probe"]; save_state(rd, state)
+            state["base_probe"] = json.loads((rd / "stage_base.json").read_text())["probe"]
+            save_state(rd, state)
     _base_done()
     if not state.get("preflight_passed"):      # once per campaign, before anything trains; no entry point skips it
         say("preflight")
@@ -454,24 +485,34 @@ def run_campaign(cfg: CampaignConfig, verbose: bool = True) -> dict:
         state["preflight_passed"] = _now()
         save_state(rd, state)
     if not state["base_probe"] and all(s["status"] in ("done", "gate_failed", "forked") for s in state["stages"]):
-        say("base probe"); _sub(rd, "base", log); _base_done()
+        say("base probe")
+        _sub(rd, "base", log)
+        _base_done()
     for k, s in enumerate(plan.stages):
         rec = state["stages"][k]
         if rec["status"] in ("done", "gate_failed", "forked"):
-            say(f"stage {k} {s.name}: {rec['status']} (skipped)"); continue
+            say(f"stage {k} {s.name}: {rec['status']} (skipped)")
+            continue
         rec.update(status="running", input=stage_input(state, k), attempts=rec.get("attempts", 0) + 1)
-        state["events"].append({"stage": k, "event": "start", "at": _now()}); save_state(rd, state)
+        state["events"].append({"stage": k, "event": "start", "at": _now()})
+        save_state(rd, state)
         say(f"stage {k} {s.name} (attempt {rec['attempts']}) from {_short(rec['input'])}")
-        if not state["base_probe"]: say("base probe (in the first stage's process)")
-        _sub(rd, k, log); _base_done()
-        out = json.loads((rd / f"stage_{k}.json").read_text()); rec.update(out)
+        if not state["base_probe"]:
+            say("base probe (in the first stage's process)")
+        _sub(rd, k, log)
+        _base_done()
+        out = json.loads((rd / f"stage_{k}.json").read_text())
+        rec.update(out)
         g = _gate(state, k, rd, cfg.exec_slack)
         rec["status"] = "done" if g is None or g[0] else "gate_failed"
-        if g is not None: rec["gate"] = {"rule": s.gate, "passed": g[0], "reason": g[1]}
-        state["events"].append({"stage": k, "event": rec["status"], "at": _now()}); save_state(rd, state)
+        if g is not None:
+            rec["gate"] = {"rule": s.gate, "passed": g[0], "reason": g[1]}
+        state["events"].append({"stage": k, "event": rec["status"], "at": _now()})
+        save_state(rd, state)
         say(f"stage {k} {s.name}: {rec['status']} step {rec.get('global_step')} (resumed from {rec.get('resumed_from_step')})"
             + (f" gate: {rec['gate']['reason']}" if g else ""))
-    state["finished_at"] = _now(); save_state(rd, state)
+    state["finished_at"] = _now()
+    save_state(rd, state)
     return state
 
 def probe_points(state: dict, run_dir) -> list[tuple[str, dict]]:
@@ -482,7 +523,8 @@ def probe_points(state: dict, run_dir) -> list[tuple[str, dict]]:
         if s.get("probe") and s["status"] in ("done", "gate_failed", "forked"):
             r = json.loads((rd / s["probe"]).read_text())
             pts.append((s["name"] + ("" if s["status"] != "gate_failed" else " (gate failed)"), r))
-    for _, r in pts: r["per_level"] = _reint(r["per_level"])
+    for _, r in pts:
+        r["per_level"] = _reint(r["per_level"])
     return pts
 
 # %% ../nbs/09_campaign.ipynb #9a61abe2
@@ -492,25 +534,30 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run or resume a campaign")
     for f in dataclasses.fields(CampaignConfig):
         flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool",) or f.default is False: r.add_argument(flag, action="store_true")
+        if f.type in ("bool",) or f.default is False:
+            r.add_argument(flag, action="store_true")
         elif f.name in ("sft_levels", "levels"):
             r.add_argument(flag, type=lambda s: tuple(int(x) for x in s.split(",") if x), default=f.default)
         else:
             typ = {"int": int, "float": float, "str": str}.get(str(f.type).split(" ")[0], str)
             r.add_argument(flag, type=typ, default=f.default)
     s = sub.add_parser("stage", help="(internal) run one stage of a campaign")
-    s.add_argument("--run-dir", required=True); s.add_argument("--stage", required=True)
+    s.add_argument("--run-dir", required=True)
+    s.add_argument("--stage", required=True)
     return p
 
 def cli_main(argv: list[str] | None = None) -> int:
     "Entry point of `pixrl campaign ...` / `python -m pixrl.campaign ...`."
     a = _parser().parse_args(argv)
     if a.cmd == "stage":
-        run_stage(a.run_dir, a.stage); return 0
+        run_stage(a.run_dir, a.stage)
+        return 0
     cfg = CampaignConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(CampaignConfig)})
-    try: st = run_campaign(cfg)
+    try:
+        st = run_campaign(cfg)
     except ValueError as e:
-        print(f"pixrl campaign: {e}", file=sys.stderr); return 2
+        print(f"pixrl campaign: {e}", file=sys.stderr)
+        return 2
     print(json.dumps([{k: s.get(k) for k in ("name", "status", "global_step")} for s in st["stages"]]))
     return 0
 

@@ -23,15 +23,18 @@ def main(argv: list[str] | None = None) -> int:
     "Dispatch `pixrl <command> ...` to `<module>.cli_main(rest)`."
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage()); return 0
+        print(usage())
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"pixrl: unknown command {name!r}; accepted: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module_name = COMMANDS[name][0]
-    try: module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        if e.name != module_name: raise
+        if e.name != module_name:
+            raise
         print(f"pixrl: command {name!r} is not available in this checkout ({module_name} is missing)", file=sys.stderr)
         return 2
     if not hasattr(module, "cli_main"):

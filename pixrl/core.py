@@ -24,7 +24,8 @@ def repo_root() -> Path:
     "The pixrl checkout this package was installed from (the folder holding `settings.ini`)."
     here = Path(globals().get("__file__") or Path.cwd()).resolve()  # a notebook has no __file__
     for p in (here, *here.parents):
-        if (p / "settings.ini").exists(): return p
+        if (p / "settings.ini").exists():
+            return p
     return Path.cwd()
 
 def cache_dir(*parts: str) -> Path:
@@ -40,9 +41,12 @@ def git_state(root: Path | None = None) -> dict:
     root = Path(root or repo_root())
     def git(*a):
         return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=30)
-    try: head = git("rev-parse", "HEAD")
-    except FileNotFoundError: return {"commit": None, "dirty": None}   # no git binary (e.g. a bare GPU box)
-    if head.returncode != 0: return {"commit": None, "dirty": None}
+    try:
+        head = git("rev-parse", "HEAD")
+    except FileNotFoundError:
+        return {"commit": None, "dirty": None}   # no git binary (e.g. a bare GPU box)
+    if head.returncode != 0:
+        return {"commit": None, "dirty": None}
     # runs/ is excluded: a campaign rewrites its own tracked evidence notebook while it runs
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)runs").stdout.strip() != ""
     return {"commit": head.stdout.strip(), "dirty": dirty}
@@ -53,8 +57,10 @@ def package_versions(names=_VERSIONED) -> dict:
     "Installed versions of the packages a result depends on (`None` when absent)."
     out = {}
     for n in names:
-        try: out[n] = metadata.version(n)
-        except metadata.PackageNotFoundError: out[n] = None
+        try:
+            out[n] = metadata.version(n)
+        except metadata.PackageNotFoundError:
+            out[n] = None
     return out
 
 def run_record(seed: int | None = None, data_digest: str | None = None, **extra) -> dict:
@@ -67,7 +73,9 @@ def run_record(seed: int | None = None, data_digest: str | None = None, **extra)
 class Timer:
     "Wall-clock timer: `with Timer() as t: ...; t.seconds`."
     def __enter__(self):
-        self.start = time.perf_counter(); self.seconds = None; return self
+        self.start = time.perf_counter()
+        self.seconds = None
+        return self
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.start
 
@@ -81,4 +89,5 @@ def set_seed(seed: int) -> None:
     try:
         import torch
         torch.manual_seed(seed)
-    except ImportError: pass
+    except ImportError:
+        pass

@@ -54,10 +54,14 @@ class IsolationUnavailable(RuntimeError):
 # %% ../nbs/03a_eval_types.ipynb #8a635daa
 def _env_float(name, default):
     v = os.environ.get(name)
-    if v in (None, ""): return default
-    try: x = float(v)
-    except ValueError: raise ValueError(f"{name}={v!r} is not a number (seconds / count expected)") from None
-    if not (x > 0 and math.isfinite(x)): raise ValueError(f"{name}={v!r} must be a positive finite number")
+    if v in (None, ""):
+        return default
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError(f"{name}={v!r} is not a number (seconds / count expected)") from None
+    if not (x > 0 and math.isfinite(x)):
+        raise ValueError(f"{name}={v!r} must be a positive finite number")
     return x
 
 def default_workers() -> int:
@@ -89,8 +93,10 @@ class Limits:
     coord_bound_um: float = 1e6      # |coordinate| and |size| bound
     max_output_bytes: int = 1 << 16  # worker result record cap
     def __post_init__(self):
-        if self.timeout_s is None: object.__setattr__(self, "timeout_s", default_timeout())
+        if self.timeout_s is None:
+            object.__setattr__(self, "timeout_s", default_timeout())
         if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)):
             raise ValueError(f"timeout_s={self.timeout_s!r}: a positive number of seconds is required")
     @property
-    def cpu_s(self) -> int: return int(math.ceil(self.timeout_s)) + 1
+    def cpu_s(self) -> int:
+        return int(math.ceil(self.timeout_s)) + 1

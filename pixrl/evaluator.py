@@ -37,7 +37,8 @@ __all__ = ['EvalResult', 'check_source', 'evaluate_many', 'evaluate', 'REASON_CH
 # %% ../nbs/03_evaluator.ipynb #15142653
 def _num(x):
     "float(x) or None; NaN/inf become None so that the record stays strict JSON."
-    if x is None: return None
+    if x is None:
+        return None
     x = float(x)
     return x if math.isfinite(x) else None
 
@@ -60,7 +61,8 @@ class EvalResult:
         object.__setattr__(self, "reason", clean_reason(self.reason))
 
     @property
-    def ok(self) -> bool: return self.status == Status.OK
+    def ok(self) -> bool:
+        return self.status == Status.OK
 
     def to_dict(self) -> dict:
         return {"status": Status(self.status).value, "iou": _num(self.iou), "dice": _num(self.dice),
@@ -147,7 +149,8 @@ def evaluate_many(pairs, workers: int | None = None, *, limits: Limits | None = 
         for ks, (st, n, reason, mask, _) in zip(where, run_sandboxed(items, workers)):
             task = pairs[ks[0]][0]
             r = _finish(task, st, n, reason, mask, tuple(np.shape(task.target_mask)))
-            for k in ks: results[k] = r
+            for k in ks:
+                results[k] = r
     faults = [k for k, r in enumerate(results) if r.status == INFRA_FAULT]
     if faults and raise_on_infra:
         raise EvaluatorInfraError(f"{len(faults)} of {len(results)} candidates hit a persistent infrastructure "

@@ -27,7 +27,8 @@ def overlay_rgb(target: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     "(ny, nx, 3) uint8: black = both, red = EXTRA (candidate only), blue = MISSING (target only), white = neither."
     if target.shape != candidate.shape:
         raise ValueError(f"overlay needs equal shapes, got {target.shape} and {candidate.shape}")
-    out = np.empty(target.shape + (3,), np.uint8); out[:] = COLOURS["none"]
+    out = np.empty(target.shape + (3,), np.uint8)
+    out[:] = COLOURS["none"]
     out[target & candidate] = COLOURS["both"]
     out[candidate & ~target] = COLOURS["extra"]
     out[target & ~candidate] = COLOURS["missing"]
@@ -35,7 +36,8 @@ def overlay_rgb(target: np.ndarray, candidate: np.ndarray) -> np.ndarray:
 
 def mask_rgb(mask: np.ndarray) -> np.ndarray:
     "Ink black on white."
-    out = np.full(mask.shape + (3,), 255, np.uint8); out[mask] = 0
+    out = np.full(mask.shape + (3,), 255, np.uint8)
+    out[mask] = 0
     return out
 
 # %% ../nbs/12b_gallery.ipynb #b28c2e89
@@ -85,8 +87,10 @@ def compose_gallery(record: dict, task_ids: list[str] | None = None, columns: in
     rows = {r["task_id"]: r for r in record["tasks"]}
     ids = list(rows) if task_ids is None else list(task_ids)
     missing = [i for i in ids if i not in rows]
-    if missing: raise GalleryError(f"task ids not in the record: {missing[:5]}")
-    if not ids: raise GalleryError("the record has no tasks to draw")
+    if missing:
+        raise GalleryError(f"task ids not in the record: {missing[:5]}")
+    if not ids:
+        raise GalleryError("the record has no tasks to draw")
     rep = record.get("config", {}).get("representation", "py")
     ny, nx = CAL_SHAPE
     block_w = 3 * nx + 2 * PANEL_GAP

@@ -51,37 +51,49 @@ def gate_compile(source: str, limits: Limits, names: frozenset | None = None) ->
     api = ALLOWED_NAMES if names is None else names
     bound, loads = set(), []                      # names the program binds / reads
     for n_nodes, node in enumerate(ast.walk(tree)):
-        if n_nodes >= limits.max_nodes: return f"program too large: more than {limits.max_nodes} syntax nodes", None
+        if n_nodes >= limits.max_nodes:
+            return f"program too large: more than {limits.max_nodes} syntax nodes", None
         t = type(node)
         if t not in ALLOWED_NODES:
             return f"syntax not allowed: {_WHAT.get(t, t.__name__)} (line {getattr(node, 'lineno', '?')})", None
         if t is ast.Name:
-            if node.id.startswith("_"): return f"underscore name not allowed: {node.id!r}", None
-            if node.id in FORBIDDEN_NAMES: return f"name not allowed: {node.id!r}", None
-            if type(node.ctx) is ast.Load: loads.append(node)
-            elif node.id in api: return f"cannot rebind API name {node.id!r}", None
-            else: bound.add(node.id)
+            if node.id.startswith("_"):
+                return f"underscore name not allowed: {node.id!r}", None
+            if node.id in FORBIDDEN_NAMES:
+                return f"name not allowed: {node.id!r}", None
+            if type(node.ctx) is ast.Load:
+                loads.append(node)
+            elif node.id in api:
+                return f"cannot rebind API name {node.id!r}", None
+            else:
+                bound.add(node.id)
         elif t is ast.Attribute:
-            if node.attr.startswith("_"): return f"underscore attribute not allowed: .{node.attr}", None
-            if type(node.ctx) is not ast.Load: return f"assigning to an attribute is not allowed: .{node.attr}", None
+            if node.attr.startswith("_"):
+                return f"underscore attribute not allowed: .{node.attr}", None
+            if type(node.ctx) is not ast.Load:
+                return f"assigning to an attribute is not allowed: .{node.attr}", None
             if node.attr not in ALLOWED_ATTRS:
                 return f"attribute not allowed: .{node.attr} (allowed: {', '.join(sorted(ALLOWED_ATTRS))})", None
         elif t is ast.Constant:
             v = node.value
             if isinstance(v, str):
-                if len(v) > limits.max_str_chars: return f"string constant too long ({len(v)} chars)", None
+                if len(v) > limits.max_str_chars:
+                    return f"string constant too long ({len(v)} chars)", None
             elif not (v is None or isinstance(v, (bool, int, float))):
                 return f"constant of type {type(v).__name__} not allowed", None
         elif t is ast.FunctionDef:
             if node.name.startswith("_") or node.name in FORBIDDEN_NAMES:
                 return f"function name not allowed: {node.name!r}", None
-            if node.name in api: return f"cannot rebind API name {node.name!r}", None
-            if node.decorator_list or node.returns: return "decorators/annotations not allowed", None
+            if node.name in api:
+                return f"cannot rebind API name {node.name!r}", None
+            if node.decorator_list or node.returns:
+                return "decorators/annotations not allowed", None
             bound.add(node.name)
         elif t is ast.arg:
             if node.arg.startswith("_") or node.arg in FORBIDDEN_NAMES:
                 return f"argument name not allowed: {node.arg!r}", None
-            if node.annotation is not None: return "annotations not allowed", None
+            if node.annotation is not None:
+                return "annotations not allowed", None
             bound.add(node.arg)
         elif t is ast.keyword and node.arg is not None and node.arg.startswith("_"):
             return f"underscore keyword not allowed: {node.arg!r}", None
@@ -105,10 +117,12 @@ def gate_py(source: str, limits: Limits, names: frozenset | None = None) -> str 
 # %% ../nbs/03b_gate.ipynb #330f9c84
 def precheck(source, limits: Limits) -> str | None:
     "The cheap checks done in the parent for every candidate: type, size, NUL bytes, encodable text."
-    if not isinstance(source, str): return f"source must be a str, got {type(source).__name__}"
+    if not isinstance(source, str):
+        return f"source must be a str, got {type(source).__name__}"
     if len(source) > limits.max_source_chars:
         return f"source too long: {len(source)} chars > {limits.max_source_chars}"
-    if "\x00" in source: return "source contains a NUL byte"
+    if "\x00" in source:
+        return "source contains a NUL byte"
     return _not_text(source)
 
 def _not_text(source: str) -> str | None:
@@ -122,7 +136,8 @@ def _not_text(source: str) -> str | None:
     return None
 
 # %% ../nbs/03b_gate.ipynb #a1c0de07
-class SvgRejected(ValueError): "The SVG source is not in the accepted subset."
+class SvgRejected(ValueError):
+    "The SVG source is not in the accepted subset."
 
 _NUMBER_CHARS = 32      # longest number token accepted (repr of any float needs at most 24)
 _NUM = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"   # one way to split any digit run
@@ -198,13 +213,20 @@ def _svg_path_d(d):
     while i < len(toks):
         t = toks[i]
         if isinstance(t, str):
-            if t not in "MmLlHhVvZz": raise SvgRejected(f"path command {t!r} not supported (M L H V Z only)")
-            cmd = t; i += 1
+            if t not in "MmLlHhVvZz":
+                raise SvgRejected(f"path command {t!r} not supported (M L H V Z only)")
+            cmd = t
+            i += 1
             if cmd in "Zz":
-                if cur: cur.append(cur[0]); polys.append(cur); x, y = cur[0]; cur = []
+                if cur:
+                    cur.append(cur[0])
+                    polys.append(cur)
+                    x, y = cur[0]
+                    cur = []
                 cmd = None
             continue
-        if cmd is None: raise SvgRejected("path data must start with M")
+        if cmd is None:
+            raise SvgRejected("path data must start with M")
         need = 2 if cmd in "MmLl" else 1
         vals = toks[i:i + need]
         if len(vals) < need or any(isinstance(v, str) for v in vals):
@@ -212,16 +234,23 @@ def _svg_path_d(d):
         i += need
         rel = cmd.islower()
         if cmd in "Mm":
-            if cur: polys.append(cur)
+            if cur:
+                polys.append(cur)
             x, y = (x + vals[0], y + vals[1]) if rel else tuple(vals)
-            cur = [(x, y)]; cmd = "l" if rel else "L"   # implicit lineto after moveto
+            cur = [(x, y)]
+            cmd = "l" if rel else "L"   # implicit lineto after moveto
             continue
-        if not cur: raise SvgRejected("path data must start with M")
-        if cmd in "Ll": x, y = (x + vals[0], y + vals[1]) if rel else tuple(vals)
-        elif cmd in "Hh": x = x + vals[0] if rel else vals[0]
-        else: y = y + vals[0] if rel else vals[0]
+        if not cur:
+            raise SvgRejected("path data must start with M")
+        if cmd in "Ll":
+            x, y = (x + vals[0], y + vals[1]) if rel else tuple(vals)
+        elif cmd in "Hh":
+            x = x + vals[0] if rel else vals[0]
+        else:
+            y = y + vals[0] if rel else vals[0]
         cur.append((x, y))
-    if cur: polys.append(cur)
+    if cur:
+        polys.append(cur)
     return [p for p in polys if len(p) >= 2]
 
 # %% ../nbs/03b_gate.ipynb #3b000006
@@ -236,7 +265,8 @@ def parse_svg(source: str, footprint_um=None, limits: Limits | None = None) -> l
     p = expat.ParserCreate()
     elems, stack, texts = [], [], []
     def reject(what):
-        def h(*a): raise SvgRejected(f"SVG {what} not allowed")
+        def h(*a):
+            raise SvgRejected(f"SVG {what} not allowed")
         return h
     p.StartDoctypeDeclHandler = reject("DOCTYPE")
     p.EntityDeclHandler = reject("entity declaration")
@@ -248,11 +278,15 @@ def parse_svg(source: str, footprint_um=None, limits: Limits | None = None) -> l
     p.ElementDeclHandler = reject("element declaration")
     p.AttlistDeclHandler = reject("attribute-list declaration")
     def start(name, attrs):
-        if name not in _SVG_ATTRS: raise SvgRejected(f"SVG element <{name}> not allowed (allowed: {', '.join(_SVG_ATTRS)})")
+        if name not in _SVG_ATTRS:
+            raise SvgRejected(f"SVG element <{name}> not allowed (allowed: {', '.join(_SVG_ATTRS)})")
         bad = set(attrs) - _SVG_ATTRS[name]
-        if bad: raise SvgRejected(f"<{name}> attribute(s) not allowed: {sorted(bad)}")
-        if (name == "svg") != (not stack): raise SvgRejected("exactly one root <svg> element is required")
-        if len(elems) > limits.max_shapes: raise SvgRejected(f"too many elements (> {limits.max_shapes})")
+        if bad:
+            raise SvgRejected(f"<{name}> attribute(s) not allowed: {sorted(bad)}")
+        if (name == "svg") != (not stack):
+            raise SvgRejected("exactly one root <svg> element is required")
+        if len(elems) > limits.max_shapes:
+            raise SvgRejected(f"too many elements (> {limits.max_shapes})")
         elems.append((name, dict(attrs), [s[1].get("fill") for s in stack]))
         stack.append((name, attrs))
     p.StartElementHandler = start
@@ -260,11 +294,16 @@ def parse_svg(source: str, footprint_um=None, limits: Limits | None = None) -> l
     p.CharacterDataHandler = lambda d: texts.append(d)
     try:
         p.Parse(source, True)
-    except SvgRejected: raise
-    except expat.ExpatError as e: raise SvgRejected(f"not well-formed XML: {e}") from None
-    except (RecursionError, MemoryError) as e: raise SvgRejected(f"SVG too complex: {type(e).__name__}") from None
-    if "".join(texts).strip(): raise SvgRejected("text content is not allowed in the SVG")
-    if not elems or elems[0][0] != "svg": raise SvgRejected("the root element must be <svg>")
+    except SvgRejected:
+        raise
+    except expat.ExpatError as e:
+        raise SvgRejected(f"not well-formed XML: {e}") from None
+    except (RecursionError, MemoryError) as e:
+        raise SvgRejected(f"SVG too complex: {type(e).__name__}") from None
+    if "".join(texts).strip():
+        raise SvgRejected("text content is not allowed in the SVG")
+    if not elems or elems[0][0] != "svg":
+        raise SvgRejected("the root element must be <svg>")
     root = elems[0][1]
     vb = None
     if "viewBox" in root:

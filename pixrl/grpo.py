@@ -28,7 +28,8 @@ def replay_mix(tasks: list, replay_tasks: list, replay_share: float, seed: int =
     "`tasks` plus enough `replay_tasks` (cycled, seeded order) that they make up ≈ `replay_share` of the rows."
     if not 0 <= replay_share < 1:
         raise ValueError(f"replay_share must be in [0, 1), got {replay_share!r}")
-    if replay_share == 0 or not replay_tasks: return list(tasks)
+    if replay_share == 0 or not replay_tasks:
+        return list(tasks)
     k = round(len(tasks) * replay_share / (1 - replay_share))
     order = np.random.default_rng(seed).permutation(len(replay_tasks))
     return list(tasks) + [replay_tasks[order[i % len(order)]] for i in range(k)]
@@ -50,7 +51,8 @@ def sft_dataset(policy: Policy, tasks: list) -> Dataset:
     if policy.vision:
         rows = {**_vision_prompts(policy, tasks), "completion": [[{"role": "assistant", "content": a}] for a in answers]}
         kw = thinking_kwargs(policy.processor, policy.thinking)
-        if kw: rows["chat_template_kwargs"] = [kw] * len(tasks)   # TRL's collator templates VLM rows: the operating point per row
+        if kw:
+            rows["chat_template_kwargs"] = [kw] * len(tasks)   # TRL's collator templates VLM rows: the operating point per row
         return Dataset.from_dict(rows)
     return Dataset.from_dict({"prompt": [policy.prompt(t) for t in tasks], "completion": answers})
 
@@ -58,12 +60,14 @@ def sft_dataset(policy: Policy, tasks: list) -> Dataset:
 class PixGRPOTrainer(GRPOTrainer):
     "GRPOTrainer that logs `time/generation_s` and `time/evaluation_s` per step."
     def _generate(self, prompts):
-        t = time.perf_counter(); out = super()._generate(prompts)
+        t = time.perf_counter()
+        out = super()._generate(prompts)
         self._metrics["train"]["time/generation_s"].append(time.perf_counter() - t)
         return out
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        t = time.perf_counter(); out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        t = time.perf_counter()
+        out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._metrics["train"]["time/evaluation_s"].append(time.perf_counter() - t)
         return out
 
@@ -85,14 +89,17 @@ class PeriodicProbe(TrainerCallback):
 def time_shares(log_history: list[dict]) -> dict:
     "Fractions of the summed step time spent in generation / evaluation / optimisation (+ mean step seconds)."
     rows = [r for r in log_history if "step_time" in r and "time/generation_s" in r]
-    if not rows: return {}
+    if not rows:
+        return {}
     tot = sum(r["step_time"] for r in rows)
-    gen = sum(r["time/generation_s"] for r in rows); ev = sum(r.get("time/evaluation_s", 0.0) for r in rows)
+    gen = sum(r["time/generation_s"] for r in rows)
+    ev = sum(r.get("time/evaluation_s", 0.0) for r in rows)
     return {"generation": gen / tot, "evaluation": ev / tot, "optimisation": max(0.0, tot - gen - ev) / tot,
             "step_s": tot / len(rows), "steps": len(rows)}
 
 # %% ../nbs/07_grpo.ipynb #b8f4b99e
-def has_cuda() -> bool: return torch.cuda.is_available()
+def has_cuda() -> bool:
+    return torch.cuda.is_available()
 
 def resolve_use_vllm(use_vllm: bool | None) -> bool:
     """Auto (None): vLLM rollouts iff CUDA and the `vllm` package are present, unless `PIXRL_USE_VLLM=0|1` says
@@ -100,8 +107,10 @@ def resolve_use_vllm(use_vllm: bool | None) -> bool:
     avail = has_cuda() and importlib.util.find_spec("vllm") is not None
     if use_vllm is None:
         env = os.environ.get("PIXRL_USE_VLLM", "")
-        if env not in ("", "0", "1"): raise ValueError(f"PIXRL_USE_VLLM={env!r}; accepted: 0, 1 or unset")
-        if env == "": return avail
+        if env not in ("", "0", "1"):
+            raise ValueError(f"PIXRL_USE_VLLM={env!r}; accepted: 0, 1 or unset")
+        if env == "":
+            return avail
         use_vllm = env == "1"
     if use_vllm and not avail:
         raise ValueError("use_vllm=True needs a CUDA GPU and the `vllm` package (pip install -e '.[gpu]')")
@@ -109,13 +118,16 @@ def resolve_use_vllm(use_vllm: bool | None) -> bool:
 
 def device_kw() -> dict:
     "TrainingArguments switches for this machine."
-    if not has_cuda(): return {"use_cpu": True, "bf16": False, "fp16": False}
+    if not has_cuda():
+        return {"use_cpu": True, "bf16": False, "fp16": False}
     return {"bf16": torch.cuda.is_bf16_supported(), "fp16": False}
 
 def lora_config(rank: int) -> LoraConfig | None:
     "LoRA on all linear layers (alpha = 2·rank); rank 0 = full fine-tuning (None)."
-    if rank < 0: raise ValueError(f"lora_rank must be >= 0, got {rank!r}")
-    if rank == 0: return None
+    if rank < 0:
+        raise ValueError(f"lora_rank must be >= 0, got {rank!r}")
+    if rank == 0:
+        return None
     return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
 
 def last_checkpoint(out_dir) -> str | None:
@@ -124,7 +136,8 @@ def last_checkpoint(out_dir) -> str | None:
     import shutil
     ck = sorted(Path(out_dir).glob("checkpoint-*"), key=lambda p: int(p.name.rsplit("-", 1)[1]), reverse=True)
     for c in ck:
-        if (c / "trainer_state.json").exists(): return str(c)
+        if (c / "trainer_state.json").exists():
+            return str(c)
         shutil.rmtree(c, ignore_errors=True)
     return None
 
@@ -168,7 +181,8 @@ def _train_resumable(trainer, policy, out_dir: Path, meta: dict) -> dict:
 def _finish(trainer, policy: Policy, out_dir: Path, meta: dict) -> Path:
     "Merge LoRA (if any) and save `out_dir/final` with the policy's PromptSpec."
     model = trainer.model
-    if hasattr(model, "merge_and_unload"): model = model.merge_and_unload()
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
     final = save_policy(model, policy.processor or policy.tokenizer, out_dir / "final", policy.prompt_spec,
                         {"max_new_tokens": policy.max_new_tokens, "can_think": policy.can_think, **meta})
     return final
@@ -181,7 +195,8 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lor
     """One GRPO stage from `model_dir` on `tasks` (+ replay); resumes from the last checkpoint in `out_dir`.
     The knobs come from the campaign's `CampaignConfig` (no defaults here; `max_new_tokens=None`: the model's budget).
     Returns {final_dir, global_step, resumed_from_step, log_history, time_shares, seconds}."""
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     policy = load_policy(model_dir, thinking=thinking)
     rows = replay_mix(tasks, list(replay_tasks), replay_share, seed)
     reward_fn = make_reward_fn({t.id: t for t in rows}, policy=reward)   # shaped_v3c | shaped_v3b | raw_iou
@@ -202,7 +217,8 @@ def run_sft(model_dir: str, tasks: list, out_dir, *, epochs: float = 2.0, lr: fl
             batch_size: int = 16, seed: int = 0, save_steps: int = 20, max_steps: int = -1,
             thinking: bool | None = None) -> dict:
     "One SFT stage on `tasks`' ground-truth programs; resumable like `run_grpo`."
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     policy = load_policy(model_dir, thinking=thinking)
     args = _common_args(out_dir, max_steps, lr, seed, save_steps)
     cfg = SFTConfig(**args, num_train_epochs=epochs, per_device_train_batch_size=batch_size,

@@ -23,7 +23,8 @@ def _status_name(status) -> str:
 
 def _num(x):
     "A float, or None for a missing metric (strict JSON: never NaN/inf)."
-    if x is None: return None
+    if x is None:
+        return None
     x = float(x)
     return x if x == x and abs(x) != float("inf") else None
 
@@ -53,7 +54,8 @@ def verify(tasks: list[Task], codes: list[list[str]], representation: str = "py"
         base = rect_baseline(t)
         row = []
         for c in cs:
-            row.append(attempt_record(c, results[k], shaped_breakdown(results[k], base, policy=reward))); k += 1
+            row.append(attempt_record(c, results[k], shaped_breakdown(results[k], base, policy=reward)))
+            k += 1
         out.append(row)
     return out
 
@@ -144,11 +146,13 @@ def select_winners(candidates: list[dict], *, min_iou_n: float = WIN_IOU_N,
         if c["status"] != "OK" or not c.get("executable", True) or c["iou_n"] is None or c["iou_n"] < min_iou_n:
             continue
         key = (c["task_id"], c["representation"])
-        if key not in best or _rank_key(c) < _rank_key(best[key]): best[key] = c
+        if key not in best or _rank_key(c) < _rank_key(best[key]):
+            best[key] = c
     winners = []
     for rep in sorted({r for _, r in best}):
         group = sorted((w for (_, r), w in best.items() if r == rep), key=lambda w: (-w["reward"], w["task_id"]))
-        if rep in caps: group = group[:caps[rep]]
+        if rep in caps:
+            group = group[:caps[rep]]
         winners += sorted(group, key=lambda w: w["task_id"])
     return winners
 
@@ -179,7 +183,8 @@ def apply_winner_labels(train_tasks: list[Task], winners: list[dict], representa
 
 def save_winners(path, winners: list[dict], **meta) -> Path:
     "Write the winner corpus as strict JSON (`kind`, `version`, `meta`, `winners`)."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"kind": WINNERS_KIND, "version": 1, "meta": meta, "winners": winners},
                                indent=1, allow_nan=False, sort_keys=True) + "\n")
     return path

@@ -52,11 +52,13 @@ def cached_target_side(task) -> TargetSide:
     with _CACHE_LOCK:
         ts = _TARGET_CACHE.get(key)
         if ts is not None:
-            _TARGET_CACHE.move_to_end(key); return ts
+            _TARGET_CACHE.move_to_end(key)
+            return ts
     ts = target_side(task.target_mask)
     with _CACHE_LOCK:
         _TARGET_CACHE[key] = ts
-        while len(_TARGET_CACHE) > _TARGET_CACHE_MAX: _TARGET_CACHE.popitem(last=False)
+        while len(_TARGET_CACHE) > _TARGET_CACHE_MAX:
+            _TARGET_CACHE.popitem(last=False)
     return ts
 
 # %% ../nbs/03e_metrics.ipynb #3e000006
@@ -70,8 +72,11 @@ def mask_metrics(cand: np.ndarray, target, scale_um: float) -> dict:
     a cached `TargetSide`). Distances are None when either mask is empty."""
     ts = target if isinstance(target, TargetSide) else target_side(target)
     cand = np.asarray(cand, bool)
-    if cand.shape != ts.mask.shape: raise ValueError(f"candidate mask {cand.shape} != target mask {ts.mask.shape}")
-    inter = int(np.count_nonzero(cand & ts.mask)); a = int(np.count_nonzero(cand)); b = ts.area
+    if cand.shape != ts.mask.shape:
+        raise ValueError(f"candidate mask {cand.shape} != target mask {ts.mask.shape}")
+    inter = int(np.count_nonzero(cand & ts.mask))
+    a = int(np.count_nonzero(cand))
+    b = ts.area
     union = a + b - inter
     out = {"iou": inter / union if union else 1.0, "dice": 2 * inter / (a + b) if a + b else 1.0,
            "chamfer_um": None, "extra_um": None, "missing_um": None}
@@ -80,7 +85,8 @@ def mask_metrics(cand: np.ndarray, target, scale_um: float) -> dict:
         extra = float(np.sqrt(ts.sq_dist_px[cb].astype(np.float64)).mean()) * scale_um
         # MISSING needs distances to ∂C only at ∂T pixels: one EDT on the bbox of ∂C ∪ ∂T is exact
         # (every feature pixel and every query pixel lies inside it) and ~2x cheaper on average
-        rows = np.flatnonzero(cb.any(1) | ts.rows); cols = np.flatnonzero(cb.any(0) | ts.cols)
+        rows = np.flatnonzero(cb.any(1) | ts.rows)
+        cols = np.flatnonzero(cb.any(0) | ts.cols)
         win = (slice(rows[0], rows[-1] + 1), slice(cols[0], cols[-1] + 1))
         missing = float(_distance_to(cb[win])[ts.boundary[win]].mean()) * scale_um
         out.update(extra_um=extra, missing_um=missing, chamfer_um=0.5 * (extra + missing))

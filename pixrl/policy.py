@@ -24,22 +24,26 @@ def model_dir_sha256(path) -> str:
     "sha256 of a model directory's weights (`model.safetensors`)."
     import hashlib
     f = Path(path) / "model.safetensors"
-    if not f.exists(): raise ValueError(f"model directory {str(path)!r} has no model.safetensors")
+    if not f.exists():
+        raise ValueError(f"model directory {str(path)!r} has no model.safetensors")
     return hashlib.sha256(f.read_bytes()).hexdigest()
 
 def recorded_sha256(name: str) -> str | None:
     "The committed digest of model `name` in `data/models/SHA256SUMS`, or None."
     rec = repo_root() / "data" / "models" / SHA256SUMS
-    if not rec.exists(): return None
+    if not rec.exists():
+        return None
     for line in rec.read_text().splitlines():
-        if line.strip() and line.split()[1] == name: return line.split()[0]
+        if line.strip() and line.split()[1] == name:
+            return line.split()[0]
     return None
 
 def check_model_dir(path, name: str, expected: str | None = None) -> str:
     """`path` if its weights match `expected` (default: the committed record of `name`); else ValueError naming
     both digests."""
     want, got = expected or recorded_sha256(name), model_dir_sha256(path)
-    if want is None: raise ValueError(f"{name}: no record in data/models/{SHA256SUMS}")
+    if want is None:
+        raise ValueError(f"{name}: no record in data/models/{SHA256SUMS}")
     if want != got:
         raise ValueError(f"{name} at {path}: weights sha256 {got} does not match the committed record {want} "
                          f"(data/models/{SHA256SUMS}); rebuild it with `make base` or restore it with git")
@@ -55,7 +59,8 @@ def resolve_model(model: str | os.PathLike) -> str:
             import shutil
             from pixrl.tiny import build_tiny_vlm
             tmp = build_tiny_vlm(p.with_name(f"{p.name}.tmp{os.getpid()}"), seed=0)   # whole or absent, never half
-            shutil.rmtree(p, ignore_errors=True); os.replace(tmp, p)
+            shutil.rmtree(p, ignore_errors=True)
+            os.replace(tmp, p)
         return str(p)
     if m == BASE_NAME:
         p = repo_root() / "data" / "models" / BASE_NAME
@@ -190,7 +195,8 @@ def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None, t
     meta = model_meta(path)
     cfg = AutoConfig.from_pretrained(path, local_files_only=local_only)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if dtype is None: dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    if dtype is None:
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
     processor = None
     if getattr(cfg, "vision_config", None) is not None:
         from transformers import AutoProcessor, AutoModelForImageTextToText
@@ -205,7 +211,8 @@ def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None, t
     if spec.vision and processor is None:
         raise ValueError(f"{model}: prompt_spec.vision=True (attach the image) but the model has no vision_config; "
                          "a text model takes the raster prompt (vision=False)")
-    if tok.pad_token is None: tok.pad_token = tok.eos_token
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
     tmpl = str(getattr(processor or tok, "chat_template", "") or "")
     can_think = bool(meta.get("can_think", "<think>" in tmpl or "enable_thinking" in tmpl))
     if thinking and not can_think:
@@ -218,7 +225,9 @@ def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None, t
 def save_policy(policy_or_model, tokenizer, out_dir, prompt_spec: PromptSpec, meta: dict | None = None) -> Path:
     """Save a (merged) model + its tokenizer (a VLM: its processor) + `pixrl.json` so that `load_policy(out_dir)`
     restores the same prompt."""
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    policy_or_model.save_pretrained(out, safe_serialization=True); tokenizer.save_pretrained(out)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    policy_or_model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
     (out / PIXRL_META).write_text(json.dumps({"prompt_spec": dataclasses.asdict(prompt_spec), **(meta or {})}, indent=1))
     return out

@@ -22,7 +22,8 @@ def probe_tasks(per_level: int = PROBE_PER_LEVEL, split: str = "validation") -> 
     "The fixed probe: the first `per_level` sorted ids of each level of `split` (80 tasks by default)."
     by_level = {L: sorted((t for t in load_split(split) if t.level == L), key=lambda t: t.id) for L in LEVELS}
     short = {L: len(v) for L, v in by_level.items() if len(v) < per_level}
-    if short: raise ValueError(f"split {split!r} has fewer than {per_level} tasks on levels {short}")
+    if short:
+        raise ValueError(f"split {split!r} has fewer than {per_level} tasks on levels {short}")
     return [t for L in LEVELS for t in by_level[L][:per_level]]
 
 # %% ../nbs/08_probe.ipynb #a2e74507
@@ -75,26 +76,34 @@ def run_probe(policy, tasks: list | None = None, k: int = 4, temperature: float 
 
 def save_probe(result: dict, path) -> Path:
     "Strict JSON (no NaN) of a probe result."
-    p = Path(path); p.parent.mkdir(parents=True, exist_ok=True)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(result, indent=1, allow_nan=False))
     return p
 
 # %% ../nbs/08_probe.ipynb #25acf7fa
 def probe_curve(points: list[tuple[str, dict]], metric: str = "reward") -> pd.DataFrame:
     "Rows = stages (label, probe result), columns = L0..L4 + all, values = `metric`."
-    if metric not in METRICS: raise ValueError(f"metric {metric!r} not in {METRICS}")
+    if metric not in METRICS:
+        raise ValueError(f"metric {metric!r} not in {METRICS}")
     rows = {}
     for label, r in points:
         row = {f"L{int(L)}": v[metric] for L, v in sorted(r["per_level"].items(), key=lambda kv: int(kv[0]))}
-        row["all"] = r["overall"][metric]; rows[label] = row
+        row["all"] = r["overall"][metric]
+        rows[label] = row
     return pd.DataFrame(rows).T
 
 def plot_curve(points: list[tuple[str, dict]], metric: str = "reward", ax=None):
     "Line plot of `metric` per level across stages."
     import matplotlib.pyplot as plt
     df = probe_curve(points, metric)
-    if ax is None: _, ax = plt.subplots(figsize=(5, 3), dpi=72)
-    for c in df.columns: ax.plot(range(len(df)), df[c], marker="o", lw=2.5 if c == "all" else 1, label=c)
-    ax.set_xticks(range(len(df))); ax.set_xticklabels(df.index, rotation=30, fontsize=7)
-    ax.set_ylabel(metric); ax.legend(fontsize=6, ncol=3); ax.grid(alpha=0.3)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3), dpi=72)
+    for c in df.columns:
+        ax.plot(range(len(df)), df[c], marker="o", lw=2.5 if c == "all" else 1, label=c)
+    ax.set_xticks(range(len(df)))
+    ax.set_xticklabels(df.index, rotation=30, fontsize=7)
+    ax.set_ylabel(metric)
+    ax.legend(fontsize=6, ncol=3)
+    ax.grid(alpha=0.3)
     return ax

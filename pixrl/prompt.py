@@ -220,7 +220,8 @@ ANSWER_FORMAT = {"py": "Answer with one ```python block containing only the prog
 
 def format_answer(program: str, representation: str = "py") -> str:
     "A program as the prompt asks for it (one ```python block): the target text of pretraining and SFT."
-    if representation != "py": raise ValueError(f"format_answer: representation {representation!r}; accepted: 'py'")
+    if representation != "py":
+        raise ValueError(f"format_answer: representation {representation!r}; accepted: 'py'")
     return "```python\n" + program.rstrip("\n") + "\n```"
 
 
@@ -294,7 +295,8 @@ def thinking_kwargs(template_owner, thinking: bool | None) -> dict:
     """`{"enable_thinking": thinking}` for a chat template that reads that switch (Qwen3-style), else {} — a template
     without it has one mode only, and a processor would take the unknown key for itself."""
     tmpl = getattr(template_owner, "chat_template", None)
-    if thinking is None or "enable_thinking" not in str(tmpl or ""): return {}
+    if thinking is None or "enable_thinking" not in str(tmpl or ""):
+        return {}
     return {"enable_thinking": bool(thinking)}
 
 

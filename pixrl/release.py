@@ -18,7 +18,8 @@ ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 def sha256_file(path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""): h.update(chunk)
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
     return h.hexdigest()
 
 def weights_digest(model) -> str | None:
@@ -29,11 +30,15 @@ def weights_digest(model) -> str | None:
         path = Path(resolve_model(model))
     except (ImportError, ValueError):
         path = Path(str(model))
-    if not path.is_dir(): return None
+    if not path.is_dir():
+        return None
     files = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
-    if not files: return None
+    if not files:
+        return None
     h = hashlib.sha256()
-    for p in files: h.update(p.name.encode()); h.update(bytes.fromhex(sha256_file(p)))
+    for p in files:
+        h.update(p.name.encode())
+        h.update(bytes.fromhex(sha256_file(p)))
     return h.hexdigest()
 
 def check_adapter(adapter_dir) -> dict:
@@ -48,10 +53,14 @@ def check_adapter(adapter_dir) -> dict:
     return json.loads((d / "adapter_config.json").read_text())
 
 def _load_json(path, what: str) -> dict:
-    try: data = json.loads(Path(path).read_text())
-    except FileNotFoundError: raise ValueError(f"--{what} {str(path)!r}: no such file") from None
-    except ValueError as e: raise ValueError(f"--{what} {str(path)!r} is not JSON: {e}") from None
-    if not isinstance(data, dict): raise ValueError(f"--{what} {str(path)!r}: expected a JSON object")
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--{what} {str(path)!r}: no such file") from None
+    except ValueError as e:
+        raise ValueError(f"--{what} {str(path)!r} is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--{what} {str(path)!r}: expected a JSON object")
     return data
 
 # %% ../nbs/14_release.ipynb #93b118ad
@@ -59,7 +68,8 @@ PROBE_METRICS = ("exec_rate", "iou", "iou_n", "reward", "best_of_k_iou", "entrop
 
 def probe_rows(points: list[tuple[str, dict]]) -> list[dict]:
     "Flat rows `{stage, level, <PROBE_METRICS>}` from [(stage label, probe result)] (ValueError otherwise)."
-    if not points: raise ValueError("probe evidence holds no probe point")
+    if not points:
+        raise ValueError("probe evidence holds no probe point")
     rows = []
     for label, r in points:
         if not isinstance(r, dict) or not isinstance(r.get("per_level"), dict):
@@ -108,7 +118,8 @@ def model_card(name: str, adapter_cfg: dict, bench: dict | None, probe: list[dic
                          f"{_f(m['best_of_n_iou'])} | {_f(m['mean_reward'])} |")
         lines.append("")
     if loop:
-        s = loop["summary"]; c = loop["config"]
+        s = loop["summary"]
+        c = loop["config"]
         lines += ["## Agent loop (attempt → measure → revise)", "",
                   f"{c['n_init']} initial attempts, then {c['n_rounds']} rounds × {c['n_revisions']} revisions "
                   f"of the champion under number-free feedback, on {s['n_tasks']} tasks: mean champion IoU "
@@ -178,9 +189,11 @@ def make_release(adapter, out, *, bench=None, probe=None, loop=None, merged=None
         raise ValueError(f"evidence records disagree on the data release: {sorted(digests)}")
     if merged is not None and not (Path(merged) / "config.json").is_file():
         raise ValueError(f"--merged {str(merged)!r} has no config.json (expected a merged model folder)")
-    if out.exists(): shutil.rmtree(out)
+    if out.exists():
+        shutil.rmtree(out)
     shutil.copytree(adapter, out / "adapter")
-    if merged is not None: shutil.copytree(merged, out / "merged")
+    if merged is not None:
+        shutil.copytree(merged, out / "merged")
     card = model_card(name, cfg, bench_d, probe_r, loop_d, records, merged is not None, rewards)
     (out / "README.md").write_text(card)
     gs = git_state()
@@ -215,6 +228,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         m = make_release(args.adapter, args.out, bench=args.bench, probe=args.probe, loop=args.loop,
                          merged=args.merged, name=args.name, overwrite=args.overwrite)
     except ValueError as e:
-        print(f"pixrl release: {e}", file=sys.stderr); return 2
+        print(f"pixrl release: {e}", file=sys.stderr)
+        return 2
     print(f"released {m['name']} → {args.out} ({len(m['files'])} files); model card: {Path(args.out) / 'README.md'}")
     return 0

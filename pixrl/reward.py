@@ -42,13 +42,15 @@ class RectBaseline:
 def ink_bbox(mask: np.ndarray) -> tuple:
     "(row0, row1, col0, col1) inclusive bounds of the ink of a bool mask; ValueError if it is empty."
     rows, cols = np.flatnonzero(np.asarray(mask).any(1)), np.flatnonzero(np.asarray(mask).any(0))
-    if rows.size == 0: raise ValueError("the mask has no ink: no bounding box")
+    if rows.size == 0:
+        raise ValueError("the mask has no ink: no bounding box")
     return int(rows[0]), int(rows[-1]), int(cols[0]), int(cols[-1])
 
 def rect_mask(mask: np.ndarray) -> np.ndarray:
     "A solid rectangle filling the ink bbox of `mask` (bool, same shape)."
     r0, r1, c0, c1 = ink_bbox(mask)
-    out = np.zeros(np.shape(mask), bool); out[r0:r1 + 1, c0:c1 + 1] = True
+    out = np.zeros(np.shape(mask), bool)
+    out[r0:r1 + 1, c0:c1 + 1] = True
     return out
 
 def rect_baseline_program(task) -> str:
@@ -65,8 +67,10 @@ def rect_baseline(task) -> RectBaseline:
     key = (task.target_image_sha256, tuple(float(v) for v in task.footprint_um))
     b = _BASELINES.get(key)
     if b is None:
-        try: rect = rect_mask(task.target_mask)
-        except ValueError: raise ValueError(f"task {getattr(task, 'id', '?')}: the target mask is empty, "
+        try:
+            rect = rect_mask(task.target_mask)
+        except ValueError:
+            raise ValueError(f"task {getattr(task, 'id', '?')}: the target mask is empty, "
                                             "there is no rectangle baseline") from None
         shape = np.shape(task.target_mask)
         m = evaluator.mask_metrics(rect, evaluator.cached_target_side(task),
@@ -234,14 +238,18 @@ _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 
 def completion_text(completion) -> str:
     "Text of a completion: a str, or TRL's conversational form (a list of messages; assistant content joined)."
-    if isinstance(completion, str): return completion
-    if isinstance(completion, dict): completion = [completion]
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        completion = [completion]
     if isinstance(completion, (list, tuple)):
         parts = []
         for m in completion:
-            if not isinstance(m, dict) or m.get("role", "assistant") != "assistant": continue
+            if not isinstance(m, dict) or m.get("role", "assistant") != "assistant":
+                continue
             c = m.get("content")
-            if isinstance(c, str): parts.append(c)
+            if isinstance(c, str):
+                parts.append(c)
             elif isinstance(c, (list, tuple)):
                 parts.extend(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type", "text") == "text"
                              and isinstance(p.get("text", ""), str))
@@ -253,7 +261,8 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 def answer_text(text: str) -> str:
     """The answer part of a completion: what follows the last `</think>` (a reasoning model's thought is not the
     answer); a `<think>` that never closes — a thought cut off by the token budget — leaves no answer ("")."""
-    if THINK_CLOSE in text: return text.rsplit(THINK_CLOSE, 1)[1]
+    if THINK_CLOSE in text:
+        return text.rsplit(THINK_CLOSE, 1)[1]
     return "" if THINK_OPEN in text else text
 
 def extract_program(completion) -> str:
@@ -272,7 +281,8 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
         raise ValueError(f"unknown reward policy {policy!r}; accepted: {REWARD_POLICIES}")
     if representation not in REPRESENTATIONS:
         raise ValueError(f"unknown representation {representation!r}; accepted: {REPRESENTATIONS}")
-    if not isinstance(tasks_by_id, dict): tasks_by_id = {t.id: t for t in tasks_by_id}
+    if not isinstance(tasks_by_id, dict):
+        tasks_by_id = {t.id: t for t in tasks_by_id}
 
     def reward_fn(prompts=None, completions=None, **kwargs):
         completions = list(completions or [])
@@ -281,11 +291,13 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
             raise ValueError(f"{policy}: the dataset needs a 'task_id' column with one id per completion "
                              f"(got {None if ids is None else len(ids)} ids for {len(completions)} completions)")
         missing = [i for i in ids if i not in tasks_by_id]
-        if missing: raise ValueError(f"{policy}: unknown task_id {missing[0]!r} ({len(missing)} unknown); "
+        if missing:
+            raise ValueError(f"{policy}: unknown task_id {missing[0]!r} ({len(missing)} unknown); "
                                      f"the reward function knows {len(tasks_by_id)} tasks")
         reps = kwargs.get("representation") or [representation] * len(completions)
         bad = [r for r in reps if r not in REPRESENTATIONS]
-        if bad: raise ValueError(f"{policy}: dataset column 'representation' holds {bad[0]!r}; accepted: {REPRESENTATIONS}")
+        if bad:
+            raise ValueError(f"{policy}: dataset column 'representation' holds {bad[0]!r}; accepted: {REPRESENTATIONS}")
         tasks = [tasks_by_id[i] for i in ids]
         results = evaluate_many([(t, extract_program(c), r) for t, c, r in zip(tasks, completions, reps)],
                                 workers=workers, limits=limits)

@@ -26,8 +26,10 @@ def _take_frames(buf: bytearray) -> list:
     out = []
     while len(buf) >= 4:
         n = _LEN.unpack_from(buf)[0]
-        if len(buf) < 4 + n: break
-        out.append(pickle.loads(bytes(buf[4:4 + n]))); del buf[:4 + n]
+        if len(buf) < 4 + n:
+            break
+        out.append(pickle.loads(bytes(buf[4:4 + n])))
+        del buf[:4 + n]
     return out
 
 # %% ../nbs/03d_sandbox.ipynb #3d000006
@@ -36,8 +38,10 @@ class _Worker:
     __slots__ = ("pid", "pidfd", "rfd", "buf", "jobs", "idx", "deadline", "t0", "killed", "cap")
 
 def _signal_name(sig):
-    try: return signal.Signals(sig).name
-    except ValueError: return str(sig)
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
 
 def _classify_exit(w: _Worker, st: int, cpu: float) -> tuple:
     """(status, reason) for the job a worker was running when it ended without a record: `st` is its
@@ -341,11 +345,13 @@ class _ForkServer:
             [sys.executable, "-c", "from pixrl.sandbox import forkserver_main; forkserver_main()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, start_new_session=True, env=env)
         self.rfd, self.wfd = self.proc.stdout.fileno(), self.proc.stdin.fileno()
-        os.set_blocking(self.rfd, False); os.set_blocking(self.wfd, False)
+        os.set_blocking(self.rfd, False)
+        os.set_blocking(self.wfd, False)
         self.inbuf = bytearray()
         msgs = self._exchange(b"", lambda m: m[0] == "ready", start_timeout)
         if not msgs:
-            self.close(); raise EvaluatorInfraError("the evaluator fork server did not start")
+            self.close()
+            raise EvaluatorInfraError("the evaluator fork server did not start")
         self.info = msgs[-1][1]
         if isolation and not self.info["isolation_ok"]:
             self.close()
@@ -354,31 +360,47 @@ class _ForkServer:
 
     def _exchange(self, out: bytes, done, idle_timeout: float) -> list:
         "Write `out`, read messages until `done(msg)` is true for one; [] + dead on EOF/idle timeout."
-        out = bytearray(out); got = []
+        out = bytearray(out)
+        got = []
         sel = selectors.DefaultSelector()
         sel.register(self.rfd, selectors.EVENT_READ, "r")
-        if out: sel.register(self.wfd, selectors.EVENT_WRITE, "w")
-        last = time.monotonic(); finished = False
+        if out:
+            sel.register(self.wfd, selectors.EVENT_WRITE, "w")
+        last = time.monotonic()
+        finished = False
         try:
             while not finished:
                 events = sel.select(1.0)
                 if not events and time.monotonic() - last > idle_timeout:
-                    self.kill(); return got
+                    self.kill()
+                    return got
                 for key, _ in events:
                     if key.data == "w":
-                        try: n = os.write(self.wfd, out); del out[:n]
-                        except BlockingIOError: continue
-                        except (BrokenPipeError, OSError): self.dead = True; return got
-                        if not out: sel.unregister(self.wfd)
+                        try:
+                            n = os.write(self.wfd, out)
+                            del out[:n]
+                        except BlockingIOError:
+                            continue
+                        except (BrokenPipeError, OSError):
+                            self.dead = True
+                            return got
+                        if not out:
+                            sel.unregister(self.wfd)
                     else:
-                        try: chunk = os.read(self.rfd, 1 << 20)
-                        except BlockingIOError: continue
-                        if not chunk: self.dead = True; self.kill(); return got
+                        try:
+                            chunk = os.read(self.rfd, 1 << 20)
+                        except BlockingIOError:
+                            continue
+                        if not chunk:
+                            self.dead = True
+                            self.kill()
+                            return got
                         last = time.monotonic()
                         self.inbuf.extend(chunk)
                         for m in _take_frames(self.inbuf):
                             got.append(m)
-                            if done(m): finished = True
+                            if done(m):
+                                finished = True
             return got
         finally:
             sel.close()
@@ -386,10 +408,12 @@ class _ForkServer:
     def run(self, jobs: dict, workers: int, batch: int, idle_timeout: float) -> dict:
         "jobs: {job_id: job}. Returns {job_id: (status, n, reason, bits, elapsed)}; missing ids = infra fault."
         out = bytearray(_frame(("config", {"workers": workers, "batch": batch})))
-        for jid, job in jobs.items(): out.extend(_frame(("job", jid, job)))
+        for jid, job in jobs.items():
+            out.extend(_frame(("job", jid, job)))
         pending = set(jobs)
         def done(m):
-            if m[0] == "result": pending.discard(m[1])
+            if m[0] == "result":
+                pending.discard(m[1])
             return not pending
         msgs = self._exchange(bytes(out), done, idle_timeout) if jobs else []
         return {m[1]: tuple(m[2:]) for m in msgs if m[0] == "result"}
@@ -400,20 +424,30 @@ class _ForkServer:
 
     def kill(self):
         self.dead = True
-        try: self.proc.kill()
-        except OSError: pass
-        try: self.proc.wait(5)
-        except Exception: pass
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(5)
+        except Exception:
+            pass
 
     def close(self):
         if self.proc.poll() is None:
-            try: self.proc.stdin.close()       # EOF: the server kills its workers and exits
-            except OSError: pass
-            try: self.proc.wait(5)
-            except subprocess.TimeoutExpired: self.kill()
+            try:
+                self.proc.stdin.close()       # EOF: the server kills its workers and exits
+            except OSError:
+                pass
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.kill()
         for f in (self.proc.stdin, self.proc.stdout):
-            try: f.close()
-            except OSError: pass
+            try:
+                f.close()
+            except OSError:
+                pass
         self.dead = True
 
 # %% ../nbs/03d_sandbox.ipynb #3d00000b
@@ -424,15 +458,18 @@ def _server(isolation: bool) -> _ForkServer:
     key = (os.getpid(), isolation)
     srv = _SERVERS.get(key)
     if srv is None or srv.dead or srv.proc.poll() is not None:
-        if srv is not None: srv.close()
-        for k in [k for k in _SERVERS if k[0] != os.getpid()]: _SERVERS.pop(k)   # inherited across fork: not ours
+        if srv is not None:
+            srv.close()
+        for k in [k for k in _SERVERS if k[0] != os.getpid()]:
+            _SERVERS.pop(k)   # inherited across fork: not ours
         srv = _SERVERS[key] = _ForkServer(isolation)
     return srv
 
 def shutdown_servers():
     "Stop this process's fork servers (also registered with atexit)."
     with _SERVER_LOCK:
-        for k in [k for k in _SERVERS if k[0] == os.getpid()]: _SERVERS.pop(k).close()
+        for k in [k for k in _SERVERS if k[0] == os.getpid()]:
+            _SERVERS.pop(k).close()
 
 atexit.register(shutdown_servers)
 
@@ -451,8 +488,10 @@ def run_sandboxed(items: list, workers: int | None = None, isolation: bool | Non
     returned as INFRA_FAULT (callers raise)."""
     workers = int(workers or default_workers())
     batch = int(batch or default_batch())
-    if batch < 1: raise ValueError(f"batch={batch!r}: at least 1 is required")
-    if workers < 1: raise ValueError(f"workers={workers!r}: at least 1 is required")
+    if batch < 1:
+        raise ValueError(f"batch={batch!r}: at least 1 is required")
+    if workers < 1:
+        raise ValueError(f"workers={workers!r}: at least 1 is required")
     isolation = isolation_required() if isolation is None else bool(isolation)
     jobs = {i: {"source": s, "footprint": tuple(float(v) for v in fp), "shape": tuple(int(v) for v in sh),
                 "limits": dict(vars(lim)), "isolation": isolation, "ungated": _ungated} for i, (s, fp, sh, lim) in enumerate(items)}
@@ -460,12 +499,14 @@ def run_sandboxed(items: list, workers: int | None = None, isolation: bool | Non
     idle = max(lim.timeout_s for _, _, _, lim in items) + 60.0 if items else 60.0
     todo = dict(jobs)
     for attempt in range(retries + 1):
-        if not todo: break
+        if not todo:
+            break
         with _SERVER_LOCK:
             try:
                 srv = _server(isolation)
                 got = srv.run(todo, workers, batch, idle)
-            except IsolationUnavailable: raise
+            except IsolationUnavailable:
+                raise
             except Exception as e:       # the server could not be started / talked to
                 got = {i: (INFRA_FAULT.value, 0, f"fork server failure: {type(e).__name__}: {e}", None, 0.0) for i in todo}
         for i in todo:

@@ -16,8 +16,10 @@ def _versions() -> dict:
     import importlib.metadata as md
     out = {}
     for p in ("torch", "transformers", "peft", "pixrl"):
-        try: out[p] = md.version(p)
-        except md.PackageNotFoundError: out[p] = None
+        try:
+            out[p] = md.version(p)
+        except md.PackageNotFoundError:
+            out[p] = None
     return out
 
 def export_adapter(model, tokenizer, out_dir, *, train_config: dict, data_digest: str, base_model: str,
@@ -29,11 +31,14 @@ def export_adapter(model, tokenizer, out_dir, *, train_config: dict, data_digest
     if not isinstance(data_digest, str) or not data_digest:
         raise ValueError(f"data_digest must be a non-empty str; got {data_digest!r}")
     from pixrl.core import git_state
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out / "adapter"); tokenizer.save_pretrained(out / "adapter")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out / "adapter")
+    tokenizer.save_pretrained(out / "adapter")
     if merged:
         m = copy.deepcopy(model).merge_and_unload()
-        m.save_pretrained(out / "merged"); tokenizer.save_pretrained(out / "merged")
+        m.save_pretrained(out / "merged")
+        tokenizer.save_pretrained(out / "merged")
     gs = git_state()
     commit = gs.get("commit") or "uncommitted"
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -57,7 +62,8 @@ def load_version(export_dir) -> dict:
 def free_port(host: str = "127.0.0.1") -> int:
     "A currently free TCP port on `host`."
     with socket.socket() as s:
-        s.bind((host, 0)); return s.getsockname()[1]
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 def _exe(name: str) -> str:
     cand = Path(sys.executable).parent / name
@@ -69,7 +75,8 @@ def _exe(name: str) -> str:
 def server_command(export_dir, backend: str = "auto", host: str = "127.0.0.1", port: int = 8000) -> tuple[list[str], str]:
     """(argv, model name to put in requests) for serving an export. `backend`: "transformers" (CPU; serves
     `merged/`), "vllm" (GPU; base model + `--enable-lora` with the adapter), "auto" (vllm when CUDA + vllm exist)."""
-    v = load_version(export_dir); root = Path(export_dir)
+    v = load_version(export_dir)
+    root = Path(export_dir)
     if backend == "auto":
         backend = "vllm" if _gpu_vllm() else "transformers"
     if backend == "transformers":
@@ -100,7 +107,8 @@ class ServerHandle:
 
 def _get(url: str, timeout: float = 2.0) -> int:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r: return r.status
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status
     except (urllib.error.URLError, ConnectionError, OSError):
         return 0
 
@@ -120,19 +128,25 @@ def start_server(export_dir, backend: str = "auto", host: str = "127.0.0.1", por
         while time.time() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"server exited with {proc.returncode} during start-up; log:\n{log_path.read_text()[-3000:]}")
-            if _get(base + "/health") == 200 or _get(base + "/v1/models") == 200: break
+            if _get(base + "/health") == 200 or _get(base + "/v1/models") == 200:
+                break
             time.sleep(1.0)
         else:
             raise TimeoutError(f"server not healthy after {startup_timeout} s; log:\n{log_path.read_text()[-3000:]}")
         yield ServerHandle(base, model, proc, log_path)
     finally:
         if proc.poll() is None:
-            try: os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError: pass
-            try: proc.wait(timeout=15)
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                try: os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError: pass
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
                 proc.wait(timeout=15)
         log.close()
 
@@ -172,7 +186,10 @@ def cli_main(argv=None) -> int:
     try:
         cmd, model = server_command(a.export_dir, a.backend, a.host, a.port)
     except (ValueError, FileNotFoundError) as e:
-        print(f"pixrl serve: {e}", file=sys.stderr); return 2
-    print(" ".join(cmd)); print(f"# request model name: {model}")
-    if a.print_command: return 0
+        print(f"pixrl serve: {e}", file=sys.stderr)
+        return 2
+    print(" ".join(cmd))
+    print(f"# request model name: {model}")
+    if a.print_command:
+        return 0
     return subprocess.call(cmd)

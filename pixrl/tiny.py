@@ -90,7 +90,8 @@ def _primitive(rng: np.random.Generator, W: float, H: float) -> str:
     if kind in ("circle", "ring"):
         r = rng.uniform(0.1, 0.45) * m
         cx, cy = rng.uniform(r, W - r), rng.uniform(r, H - r)
-        if kind == "circle": return f"circle({f(cx)}, {f(cy)}, {f(r)})"
+        if kind == "circle":
+            return f"circle({f(cx)}, {f(cy)}, {f(r)})"
         return f"ring({f(cx)}, {f(cy)}, {f(r)}, {f(rng.uniform(0.15, 0.6) * r)})"
     if kind == "polygon":
         n = int(rng.integers(3, 6))
@@ -105,9 +106,12 @@ def _primitive(rng: np.random.Generator, W: float, H: float) -> str:
     x, y = rng.uniform(0.1, 0.9) * W, rng.uniform(0.1, 0.9) * H
     pts.append((x, y))
     for k in range(n - 1):
-        if manhattan and k % 2 == 0: x = rng.uniform(0.1, 0.9) * W
-        elif manhattan: y = rng.uniform(0.1, 0.9) * H
-        else: x, y = rng.uniform(0.1, 0.9) * W, rng.uniform(0.1, 0.9) * H
+        if manhattan and k % 2 == 0:
+            x = rng.uniform(0.1, 0.9) * W
+        elif manhattan:
+            y = rng.uniform(0.1, 0.9) * H
+        else:
+            x, y = rng.uniform(0.1, 0.9) * W, rng.uniform(0.1, 0.9) * H
         pts.append((x, y))
     return "path([" + ", ".join(f"({f(px)}, {f(py)})" for px, py in pts) + f"], {f(width)})"
 
@@ -131,7 +135,8 @@ def scene_stream(seed: int, start: int = 0):
     "Deterministic infinite stream of scenes: scene k depends only on (seed, k)."
     k = start
     while True:
-        yield random_scene(np.random.default_rng([seed, k]), k); k += 1
+        yield random_scene(np.random.default_rng([seed, k]), k)
+        k += 1
 
 # %% ../nbs/tiny_model.ipynb #bde574dd
 def encode_example(tokenizer, prompt: str, completion: str) -> tuple[list[int], list[int]]:
@@ -143,10 +148,13 @@ def encode_example(tokenizer, prompt: str, completion: str) -> tuple[list[int], 
 def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict:
     "Right-pad a list of (ids, labels) into tensors."
     T = max(len(i) for i, _ in examples)
-    ids = torch.full((len(examples), T), pad_id); lab = torch.full((len(examples), T), -100)
+    ids = torch.full((len(examples), T), pad_id)
+    lab = torch.full((len(examples), T), -100)
     att = torch.zeros((len(examples), T), dtype=torch.long)
     for b, (i, l) in enumerate(examples):
-        ids[b, :len(i)] = torch.tensor(i); lab[b, :len(l)] = torch.tensor(l); att[b, :len(i)] = 1
+        ids[b, :len(i)] = torch.tensor(i)
+        lab[b, :len(l)] = torch.tensor(l)
+        att[b, :len(i)] = 1
     return {"input_ids": ids, "labels": lab, "attention_mask": att}  # (B, T) each
 
 def pretrain(model, tokenizer, steps: int, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
@@ -167,10 +175,14 @@ def pretrain(model, tokenizer, steps: int, batch_size: int = 32, lr: float = 1e-
         loss.backward()
         loss = loss.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step(); sched.step(); opt.zero_grad()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
         if step % log_every == 0 or step == steps - 1:
-            t0.__exit__(); log.append({"step": step, "loss": float(loss), "seconds": round(t0.seconds, 1)})
-            if verbose: print(log[-1], flush=True)
+            t0.__exit__()
+            log.append({"step": step, "loss": float(loss), "seconds": round(t0.seconds, 1)})
+            if verbose:
+                print(log[-1], flush=True)
     model.eval()
     return log
 
@@ -178,11 +190,13 @@ def pretrain(model, tokenizer, steps: int, batch_size: int = 32, lr: float = 1e-
 def save_tiny(model, tokenizer, out_dir, meta: dict | None = None, max_new_tokens: int = 192,
               spec: PromptSpec = TINY_PROMPT_SPEC) -> Path:
     "Write a pixrl-tiny-style model directory loadable with `from_pretrained` (+ `pixrl.json` with `spec`)."
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                                do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                                                max_new_tokens=max_new_tokens)
-    model.save_pretrained(out); tokenizer.save_pretrained(out)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
     info = {"prompt_spec": dataclasses.asdict(spec), "max_new_tokens": max_new_tokens,
             "can_think": False, **(meta or {})}
     (out / PIXRL_META).write_text(json.dumps(info, indent=1))
@@ -228,13 +242,16 @@ def _transplant_text(vlm, text_from) -> None:
     from transformers import AutoModelForCausalLM
     src = AutoModelForCausalLM.from_pretrained(text_from).model.state_dict()
     dst = vlm.model.language_model.state_dict()
-    if set(src) != set(dst): raise ValueError(f"text_from={text_from!s}: its parameter names differ from the VLM's text model")
+    if set(src) != set(dst):
+        raise ValueError(f"text_from={text_from!s}: its parameter names differ from the VLM's text model")
     for k, v in dst.items():
         s = src[k]
-        if s.shape == v.shape: dst[k] = s
+        if s.shape == v.shape:
+            dst[k] = s
         elif k.endswith("embed_tokens.weight") and s.shape[1] == v.shape[1] and s.shape[0] < v.shape[0]:
             dst[k] = torch.cat([s, s.mean(0, keepdim=True).expand(v.shape[0] - s.shape[0], -1)])
-        else: raise ValueError(f"text_from={text_from!s}: {k} has shape {tuple(s.shape)}, the VLM needs {tuple(v.shape)}")
+        else:
+            raise ValueError(f"text_from={text_from!s}: {k} has shape {tuple(s.shape)}, the VLM needs {tuple(v.shape)}")
     vlm.model.language_model.load_state_dict(dst)
     vlm.tie_weights()
 
@@ -247,9 +264,11 @@ def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, pa
     intermediate=384) supplies the language model's weights; its vision tower and projector are always untrained."""
     from transformers import (LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor, CLIPVisionConfig,
                               CLIPImageProcessorPil)
-    if not spec.vision: raise ValueError(f"build_tiny_vlm: spec.vision must be True, got {spec!r}")
+    if not spec.vision:
+        raise ValueError(f"build_tiny_vlm: spec.vision must be True, got {spec!r}")
     S = spec.image_size
-    if S % patch: raise ValueError(f"build_tiny_vlm: image_size {S} is not a multiple of patch {patch}")
+    if S % patch:
+        raise ValueError(f"build_tiny_vlm: image_size {S} is not a multiple of patch {patch}")
     tok = char_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", VLM_IMAGE_TOKEN]})
     tok.eos_token = "<|im_end|>"                       # an assistant turn ends the completion; pad stays <|endoftext|>
@@ -270,9 +289,12 @@ def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, pa
     set_seed(seed)
     model = LlavaForConditionalGeneration(cfg)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
-    if text_from is not None: _transplant_text(model, text_from)
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True); processor.save_pretrained(out)
+    if text_from is not None:
+        _transplant_text(model, text_from)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    processor.save_pretrained(out)
     (out / PIXRL_META).write_text(json.dumps({"prompt_spec": dataclasses.asdict(spec), "max_new_tokens": max_new_tokens,
                                               "note": "pixrl tiny VLM from config: " + (f"text model from {text_from}, "
                                                       "vision untrained" if text_from else "untrained"), "seed": seed}, indent=1))

@@ -13,8 +13,10 @@ __all__ = ['SETUP_FAILED', 'pack_record', 'split_record', 'unpack_bits', 'unpack
            'vm_bytes', 'child_main', 'warmup', 'probe_isolation']
 
 # %% ../nbs/03c_worker.ipynb #81b8e40a
-class _ShapeCap(Exception): pass
-class _BadCoordinate(Exception): pass
+class _ShapeCap(Exception):
+    pass
+class _BadCoordinate(Exception):
+    pass
 
 _CODE = {Status.OK: 0, Status.RUNTIME_ERROR: 1, Status.RESOURCE_LIMIT: 2, Status.SOURCE_REJECTED: 3,
          Status.TIMEOUT: 4, Status.EMPTY: 5, Status.INFRA_FAULT: 6}
@@ -33,13 +35,18 @@ def pack_record(status, n_shapes, reason, mask=None, shape=(0, 0)) -> bytes:
 def split_record(buf: bytes, shape):
     """Strictly parse a worker record -> (status, n_shapes, reason, packed mask bits | None);
     ValueError if malformed. (The server forwards the bits; the parent unpacks them.)"""
-    if len(buf) < _HEADER.size: raise ValueError(f"record too short ({len(buf)} bytes)")
+    if len(buf) < _HEADER.size:
+        raise ValueError(f"record too short ({len(buf)} bytes)")
     magic, code, n, ny, nx, has_mask, rlen = _HEADER.unpack_from(buf)
-    if magic != _MAGIC or code not in _STATUS_OF or has_mask not in (0, 1): raise ValueError("bad record header")
-    if (ny, nx) != tuple(shape): raise ValueError(f"record shape {(ny, nx)} != {tuple(shape)}")
+    if magic != _MAGIC or code not in _STATUS_OF or has_mask not in (0, 1):
+        raise ValueError("bad record header")
+    if (ny, nx) != tuple(shape):
+        raise ValueError(f"record shape {(ny, nx)} != {tuple(shape)}")
     nbits = (ny * nx + 7) // 8 if has_mask else 0
-    if len(buf) != _HEADER.size + rlen + nbits: raise ValueError("bad record length")
-    if has_mask and _STATUS_OF[code] != Status.OK: raise ValueError("a mask on a non-OK record")
+    if len(buf) != _HEADER.size + rlen + nbits:
+        raise ValueError("bad record length")
+    if has_mask and _STATUS_OF[code] != Status.OK:
+        raise ValueError("a mask on a non-OK record")
     reason = bytes(buf[_HEADER.size:_HEADER.size + rlen]).decode("utf-8", "replace")
     bits = bytes(buf[_HEADER.size + rlen:]) if has_mask else None
     return _STATUS_OF[code], int(n), reason, bits
@@ -55,9 +62,11 @@ def unpack_record(buf: bytes, shape):
 
 def record_size(buf) -> int | None:
     "Total size of the record at the start of `buf` (None until its header is complete)."
-    if len(buf) < _HEADER.size: return None
+    if len(buf) < _HEADER.size:
+        return None
     magic, _, _, ny, nx, has_mask, rlen = _HEADER.unpack_from(buf)
-    if magic != _MAGIC: raise ValueError("bad record magic")
+    if magic != _MAGIC:
+        raise ValueError("bad record magic")
     return _HEADER.size + rlen + ((ny * nx + 7) // 8 if has_mask else 0)
 
 # %% ../nbs/03c_worker.ipynb #a1c0de12
@@ -126,7 +135,8 @@ def _sandbox_namespace(scene, budget: _DrawBudget) -> dict:
     ns.update({k: v for k, v in api.items() if k not in geometry.API_REGISTRY and not k.startswith("_")})
     ns["__builtins__"] = {n: getattr(builtins, n) for n in geometry.SAFE_BUILTINS}
     for n in geometry.MATH_NAMES:
-        if n not in ns: ns[n] = getattr(math, n)
+        if n not in ns:
+            ns[n] = getattr(math, n)
     return ns
 
 _GATE_RECURSION = 1000   # CPython's default: the worker gates at the depth budget a parent's check_source has
@@ -172,11 +182,16 @@ def _run_program(code, ns: dict, scene, footprint_um, shape, limits: Limits) -> 
         exec(code, ns)
         mask = geometry.rasterize(scene, geometry.Grid(tuple(footprint_um), tuple(shape)), max_shapes=limits.max_shapes)
         mask = np.asarray(mask, dtype=bool)
-        if mask.shape != tuple(shape): raise ValueError(f"rasterize returned shape {mask.shape}")
-    except _ShapeCap as e: return Status.RESOURCE_LIMIT, len(scene), f"shape cap: {e}", None
-    except _BadCoordinate as e: return Status.RUNTIME_ERROR, len(scene), f"bad coordinate: {e}", None
-    except MemoryError: return Status.RESOURCE_LIMIT, len(scene), "memory limit (MemoryError)", None
-    except RecursionError: return Status.RESOURCE_LIMIT, len(scene), "recursion limit", None
+        if mask.shape != tuple(shape):
+            raise ValueError(f"rasterize returned shape {mask.shape}")
+    except _ShapeCap as e:
+        return Status.RESOURCE_LIMIT, len(scene), f"shape cap: {e}", None
+    except _BadCoordinate as e:
+        return Status.RUNTIME_ERROR, len(scene), f"bad coordinate: {e}", None
+    except MemoryError:
+        return Status.RESOURCE_LIMIT, len(scene), "memory limit (MemoryError)", None
+    except RecursionError:
+        return Status.RESOURCE_LIMIT, len(scene), "recursion limit", None
     except BaseException as e:   # the candidate's own error (SystemExit/KeyboardInterrupt included)
         return Status.RUNTIME_ERROR, len(scene), f"{type(e).__name__}: {str(e)[:REASON_CHARS]}", None
     return Status.OK, len(scene), "", mask
@@ -185,9 +200,11 @@ def _run_program(code, ns: dict, scene, footprint_um, shape, limits: Limits) -> 
 _libc = None
 def _libc_call(name, *args):
     global _libc
-    if _libc is None: _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
     r = getattr(_libc, name)(*args)
-    if r != 0: raise OSError(ctypes.get_errno(), f"{name} failed: {os.strerror(ctypes.get_errno())}")
+    if r != 0:
+        raise OSError(ctypes.get_errno(), f"{name} failed: {os.strerror(ctypes.get_errno())}")
 
 _PR_SET_PDEATHSIG, _CLONE_NEWNS, _CLONE_NEWNET, _CLONE_NEWUSER = 1, 0x00020000, 0x40000000, 0x10000000
 _MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
@@ -195,7 +212,8 @@ _MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 1, 32, 4096, 16384, 1 
 def _enter_isolation():
     "New network + mount namespaces (loopback only, no routes) and a read-only root mount."
     flags = _CLONE_NEWNET | _CLONE_NEWNS
-    if os.geteuid() != 0: flags |= _CLONE_NEWUSER
+    if os.geteuid() != 0:
+        flags |= _CLONE_NEWUSER
     _libc_call("unshare", ctypes.c_int(flags))
     _libc_call("mount", b"none", b"/", None, ctypes.c_ulong(_MS_REC | _MS_PRIVATE), None)
     _libc_call("mount", b"/", b"/", None, ctypes.c_ulong(_MS_BIND | _MS_REMOUNT | _MS_RDONLY), None)
@@ -203,27 +221,35 @@ def _enter_isolation():
 def vm_hwm_kb() -> int | None:
     "Peak resident set of this process in kB (VmHWM)."
     try:
-        with open("/proc/self/status") as f: return int(next(l for l in f if l.startswith("VmHWM")).split()[1])
-    except (OSError, StopIteration, ValueError): return None
+        with open("/proc/self/status") as f:
+            return int(next(l for l in f if l.startswith("VmHWM")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        return None
 
 def vm_bytes() -> int:
-    with open("/proc/self/statm") as f: return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 def _child_setup(wfd: int, limits: Limits, isolation: bool, workdir: str, cpu_budget: int = 0):
     """Sandbox the freshly forked worker (runs before any candidate code). `RLIMIT_AS` is this
     worker's own size at fork + `memory_mb`: a fork server that grew over a large batch does not
     shrink the next candidate's budget."""
     devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2): os.dup2(devnull, fd)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
     os.dup2(wfd, 3)
     os.closerange(4, 1 << 16)
     vm_baseline = vm_bytes()                       # before chroot: /proc is outside it
-    if isolation: _enter_isolation()
+    if isolation:
+        _enter_isolation()
     os.chdir(workdir)
     if os.geteuid() == 0 or isolation:              # an empty, unwritable root: no file is reachable
-        try: os.chroot(workdir); os.chdir("/")
+        try:
+            os.chroot(workdir)
+            os.chdir("/")
         except OSError:
-            if isolation: raise
+            if isolation:
+                raise
     os.setpgid(0, 0)                                # own process group (setsid costs ~2 ms: autogroup)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
@@ -236,10 +262,13 @@ def _child_setup(wfd: int, limits: Limits, isolation: bool, workdir: str, cpu_bu
                             (resource.RLIMIT_NPROC, 0, 0), (resource.RLIMIT_NOFILE, 4, 4)):
         resource.setrlimit(res, (soft, hard))
     if os.geteuid() == 0:       # drop root: cannot signal the server, write root's files, or exceed NPROC
-        os.setgroups([]); os.setgid(65534); os.setuid(65534)
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
     _libc_call("prctl", ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(signal.SIGKILL),
                ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
-    if os.getppid() == 1: os._exit(SETUP_FAILED)  # the server already died
+    if os.getppid() == 1:
+        os._exit(SETUP_FAILED)  # the server already died
     sys.setrecursionlimit(400)
 
 # %% ../nbs/03c_worker.ipynb #a1c0de15
@@ -306,15 +335,19 @@ def warmup():
     unpack_record(pack_record(Status.OK, 1, "", np.ones((16, 16), bool)), (16, 16))
     _libc_call("prctl", ctypes.c_int(2), ctypes.byref(ctypes.c_int()), ctypes.c_ulong(0), ctypes.c_ulong(0),
                ctypes.c_ulong(0))                                   # PR_GET_PDEATHSIG: loads libc via ctypes
-    gc.collect(); gc.freeze()           # keep the server's objects out of the workers' collections (fewer CoW faults)
+    gc.collect()
+    gc.freeze()           # keep the server's objects out of the workers' collections (fewer CoW faults)
 
 def probe_isolation(workdir: str) -> tuple:
     "Can a forked child enter the isolation namespaces (and chroot) here? (ok, reason)"
     pid = os.fork()
     if pid == 0:
         try:
-            _enter_isolation(); os.chroot(workdir); os._exit(0)
-        except BaseException: os._exit(1)
+            _enter_isolation()
+            os.chroot(workdir)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
     _, st = os.waitpid(pid, 0)
     ok = os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0
     return ok, "" if ok else "unshare(CLONE_NEWNET|CLONE_NEWNS), the read-only remount or chroot is not permitted here"

@@ -100,7 +100,8 @@ ATTACKS = [
 
 @pytest.fixture(scope="module")
 def attack_results():
-    for p in TARGETS: assert not p.exists()
+    for p in TARGETS:
+        assert not p.exists()
     t0 = time.monotonic()
     res = ev.evaluate_many([(TASK, src) for _, src, _ in ATTACKS], workers=2, limits=LIM)
     print(f"{len(ATTACKS)} attacks in {time.monotonic() - t0:.1f} s")
@@ -198,14 +199,16 @@ def test_sandbox_cannot_kill_server():
 def test_server_death_is_infra_fault_then_recovers():
     "Killing the fork server from outside is an infrastructure fault: retried on a fresh server."
     srv = sandbox._server(False)
-    srv.proc.kill(); srv.proc.wait()
+    srv.proc.kill()
+    srv.proc.wait()
     r = ev.evaluate(TASK, TASK.program, limits=LIM)
     assert r.ok and r.iou == 1.0
 
 
 def test_persistent_infra_fault_raises(monkeypatch):
     "A fault that survives the retries raises EvaluatorInfraError — never a silent zero."
-    def broken(self, *a, **k): raise OSError("simulated broken pipe")
+    def broken(self, *a, **k):
+        raise OSError("simulated broken pipe")
     monkeypatch.setattr(sandbox._ForkServer, "run", broken)
     with pytest.raises(ev.EvaluatorInfraError) as e:
         ev.evaluate_many([(TASK, TASK.program)], limits=LIM)
@@ -223,16 +226,19 @@ def _worker_pids(server_pid):
                 ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-            if ppid == server_pid: out.append(int(d.name))
+            if ppid == server_pid:
+                out.append(int(d.name))
     return out
 
 
 def test_aftermath(attack_results):
     "No file was created, no worker survives, and a normal program still scores correctly."
-    for p in TARGETS: assert not p.exists(), p
+    for p in TARGETS:
+        assert not p.exists(), p
     server_pid = ev.server_stats()["server_pid"]
     deadline = time.monotonic() + 5
-    while _worker_pids(server_pid) and time.monotonic() < deadline: time.sleep(0.05)
+    while _worker_pids(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert _worker_pids(server_pid) == []
     r = ev.evaluate(TASK, TASK.program)
     assert r.ok and r.iou == 1.0 and r.chamfer_um == 0.0 and r.n_shapes == 4
@@ -247,7 +253,8 @@ def test_worker_killed_from_outside_is_retried():
     slow = "x = 0\nfor i in range(4 * 10**6):\n    x = x + 1\nrect(0, 0, 30, 30)\n"
     server_pid = ev.server_stats()["server_pid"]
     deadline = time.monotonic() + 10
-    while _worker_pids(server_pid) and time.monotonic() < deadline: time.sleep(0.01)   # earlier workers gone
+    while _worker_pids(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.01)   # earlier workers gone
     infra_before = ev.server_stats().get("infra", 0)
     out = {}
     th = threading.Thread(target=lambda: out.setdefault("r", ev.evaluate(TASK, slow, limits=Limits(timeout_s=20.0))))
@@ -256,7 +263,8 @@ def test_worker_killed_from_outside_is_retried():
     while killed is None and time.monotonic() < deadline:
         pids = _worker_pids(server_pid)
         if pids:
-            os.kill(pids[0], signal.SIGKILL); killed = pids[0]
+            os.kill(pids[0], signal.SIGKILL)
+            killed = pids[0]
         else:
             time.sleep(0.005)
     th.join(60)

@@ -27,8 +27,10 @@ def test_constants_pinned():
 
 
 def test_two_offset_squares_by_hand():
-    a = np.zeros((10, 10), bool); a[2:6, 2:6] = True
-    b = np.zeros((10, 10), bool); b[2:6, 3:7] = True
+    a = np.zeros((10, 10), bool)
+    a[2:6, 2:6] = True
+    b = np.zeros((10, 10), bool)
+    b[2:6, 3:7] = True
     m = ev.mask_metrics(a, b, ev.mean_axis_scale((20.0, 20.0), (10, 10)))   # 2 um / px
     assert m["iou"] == pytest.approx(0.6) and m["dice"] == pytest.approx(0.75)
     assert m["extra_um"] == pytest.approx(1.0) and m["missing_um"] == pytest.approx(1.0)
@@ -38,8 +40,10 @@ def test_two_offset_squares_by_hand():
 def test_mean_axis_scale_and_anisotropy():
     assert ev.mean_axis_scale((100.0, 50.0), (10, 10)) == pytest.approx(7.5)
     # a one-pixel horizontal shift on an anisotropic grid is measured in mean-axis um
-    a = np.zeros((8, 8), bool); a[2:6, 2:5] = True
-    b = np.zeros((8, 8), bool); b[2:6, 3:6] = True
+    a = np.zeros((8, 8), bool)
+    a[2:6, 2:5] = True
+    b = np.zeros((8, 8), bool)
+    b[2:6, 3:6] = True
     m = ev.mask_metrics(a, b, ev.mean_axis_scale((80.0, 8.0), (8, 8)))     # sx 10, sy 1 -> s 5.5
     px = ev.mask_metrics(a, b, 1.0)
     assert m["chamfer_um"] == pytest.approx(px["chamfer_um"] * 5.5)
@@ -53,7 +57,8 @@ def _loop_metrics(c, t, s):
             for di, dj in ((1, 0), (-1, 0), (0, 1), (0, -1)))]
     def directed(P, Q):
         return sum(min(math.hypot(p[0] - q[0], p[1] - q[1]) for q in Q) for p in P) / len(P)
-    inter = int((c & t).sum()); a, b = int(c.sum()), int(t.sum())
+    inter = int((c & t).sum())
+    a, b = int(c.sum()), int(t.sum())
     e, mi = directed(bnd(c), bnd(t)) * s, directed(bnd(t), bnd(c)) * s
     return {"iou": inter / (a + b - inter), "dice": 2 * inter / (a + b), "extra_um": e, "missing_um": mi,
             "chamfer_um": (e + mi) / 2}
@@ -67,12 +72,14 @@ def test_vectorised_matches_loop_reference():
         t = rng.random(shape) < rng.uniform(0.1, 0.8)
         c[0, 0] = t[-1, -1] = True
         got, ref = ev.mask_metrics(c, t, 0.37), _loop_metrics(c, t, 0.37)
-        for k in ref: assert got[k] == pytest.approx(ref[k], abs=1e-5), (trial, k)
+        for k in ref:
+            assert got[k] == pytest.approx(ref[k], abs=1e-5), (trial, k)
 
 
 def test_target_side_cache_is_keyed_by_sha():
     t = FixtureTask("rect(10, 5, 20, 10)")
-    s1 = ev.cached_target_side(t); s2 = ev.cached_target_side(t)
+    s1 = ev.cached_target_side(t)
+    s2 = ev.cached_target_side(t)
     assert s1 is s2 and s1.area == int(t.target_mask.sum())
 
 
@@ -117,7 +124,8 @@ def test_bad_input_is_a_status_or_a_clear_error():
 
 def test_task_without_cached_baseline_is_computed_on_demand():
     t = FixtureTask("ring(32, 16, 10, 3)", tid="fresh")
-    rw._BASELINES.clear(); metrics._TARGET_CACHE.clear()
+    rw._BASELINES.clear()
+    metrics._TARGET_CACHE.clear()
     fn = rw.make_reward_fn({t.id: t})
     assert fn(prompts=["p"], completions=["ring(32, 16, 10, 3)"], task_id=["fresh"]) == [pytest.approx(1.0)]
 

@@ -22,7 +22,10 @@ def _tiny_adapter():
     ids = tok("<check>no</check><update></update><next>continue</next>", return_tensors="pt")["input_ids"]
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05)
     for _ in range(2):
-        loss = model(input_ids=ids, labels=ids).loss; opt.zero_grad(); loss.backward(); opt.step()
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     return base, tok, model.eval()
 
 

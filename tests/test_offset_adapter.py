@@ -16,7 +16,8 @@ from pixrl.offset.tokenizer import ResidualVQ
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    n = torch.get_num_threads(); torch.set_num_threads(1)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
 
@@ -95,7 +96,8 @@ def test_generic_decoded_table_and_gather_against_loops(small_objective):
     for b in range(3):
         for g in range(2):
             for c in range(8):
-                sub = codes[b].clone(); sub[g] = c
+                sub = codes[b].clone()
+                sub[g] = c
                 assert torch.allclose(table[b, g, c], ad.decode(sub[None])[0])
     offs = torch.randn(3, 2, 8, 3)
     loop = torch.stack([sum(offs[b, g, codes[b, g]] for g in range(2)) for b in range(3)])
@@ -109,7 +111,8 @@ def test_bad_input_named(small_objective):
     x = torch.as_tensor(va.states[:4])
 
     class NoLogits(ObjectiveAdapter):
-        def heads(self, inputs): return {"offsets": super().heads(inputs)["offsets"]}
+        def heads(self, inputs):
+            return {"offsets": super().heads(inputs)["offsets"]}
 
     class OffsetsForTooManyCodes(ObjectiveAdapter):
         def heads(self, inputs):
@@ -118,7 +121,8 @@ def test_bad_input_named(small_objective):
 
     class OnlyHeads(OffsetAdapter):
         n_groups, n_codes, action_dim = 2, 8, 3
-        def heads(self, inputs): return {}
+        def heads(self, inputs):
+            return {}
 
     with pytest.raises(ValueError, match="lacks \\['code_logits'\\]"):
         checked_heads(NoLogits(obj), x)
@@ -182,13 +186,15 @@ def test_teacher_forcing_mixin_gathers_at_ground_truth_codes():
     ref = []
     for n in range(8):                                                      # plain loop: decode(gt) + Σ_g offsets[g, gt_g]
         pred = head.vqvae_model.dec(head.vqvae_model.get_embeddings_from_code(gt[n:n + 1]))[0]
-        for g in range(2): pred = pred + flat[n, (g * 5 + gt[n, g]) * 3:(g * 5 + gt[n, g]) * 3 + 3]
+        for g in range(2):
+            pred = pred + flat[n, (g * 5 + gt[n, g]) * 3:(g * 5 + gt[n, g]) * 3 + 3]
         ref.append((pred - target[n, 0, 0]).abs().mean())
     assert torch.isclose(loss, torch.stack(ref).mean(), atol=1e-6)
     loss.backward()                                                         # the gradient reaches only ground-truth rows
     rows = head.map_to_cbet_preds_offset.weight.grad.abs().sum(1).view(2, 5, 3).sum(-1) > 0   # (G, C)
     used = torch.zeros(2, 5, dtype=torch.bool)
-    for g in range(2): used[g, gt[:, g].unique()] = True
+    for g in range(2):
+        used[g, gt[:, g].unique()] = True
     assert torch.equal(rows, used)
 
 

@@ -27,7 +27,8 @@ def lr():
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    n = torch.get_num_threads(); torch.set_num_threads(1)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
 
@@ -80,10 +81,13 @@ def test_teacher_forced_head_changes_only_the_offset_loss(lr, head):
     class TeacherForcedVQBeTHead(VQBeTTeacherForcing, lr.VQBeTHead):
         pass
     tf = TeacherForcedVQBeTHead(head.config)
-    tf.load_state_dict(head.state_dict()); tf.eval()
+    tf.load_state_dict(head.state_dict())
+    tf.eval()
     x, target = torch.randn(64, 1, 16), torch.rand(64, 1, 1, 3) * 2 - 1
-    torch.manual_seed(2); shipped = head.loss_fn(head(x), target)
-    torch.manual_seed(2); forced = tf.loss_fn(tf(x), target)
+    torch.manual_seed(2)
+    shipped = head.loss_fn(head(x), target)
+    torch.manual_seed(2)
+    forced = tf.loss_fn(tf(x), target)
     assert shipped["classification_loss"] == forced["classification_loss"]     # focal loss untouched
     _, gt = head.vqvae_model.get_code(target[:, 0])
     ad = VQBeTAdapter(head)
@@ -93,18 +97,22 @@ def test_teacher_forced_head_changes_only_the_offset_loss(lr, head):
     assert abs(shipped["offset_loss"] - forced["offset_loss"]) > 1e-4   # the shipped loss is not that
     # gradients of the offset loss: teacher-forced -> only rows of ground-truth codes; shipped -> rows of sampled codes
     tf.zero_grad()
-    torch.manual_seed(3); out = tf(x)
+    torch.manual_seed(3)
+    out = tf(x)
     tf.loss_fn(out, target)["loss"].backward()
     weight = tf.map_to_cbet_preds_offset[0].weight                     # lerobot's MLP: one Linear, rows (G C WA)
     rows = weight.grad.abs().sum(1).view(2, tf.config.vqvae_n_embed, 3).sum(-1) > 0
     used = torch.zeros_like(rows)
-    for g in range(2): used[g, gt[:, g].unique()] = True
+    for g in range(2):
+        used[g, gt[:, g].unique()] = True
     assert torch.equal(rows, used)
     head.zero_grad()
-    torch.manual_seed(3); out = head(x)
+    torch.manual_seed(3)
+    out = head(x)
     head.loss_fn(out, target)["loss"].backward()
     rows = head.map_to_cbet_preds_offset[0].weight.grad.abs().sum(1).view(2, head.config.vqvae_n_embed, 3).sum(-1) > 0
     sampled = torch.zeros_like(rows)
-    for g in range(2): sampled[g, out["sampled_centers"][:, g].unique()] = True
+    for g in range(2):
+        sampled[g, out["sampled_centers"][:, g].unique()] = True
     assert torch.equal(rows, sampled)                                   # shipped: the rows of the sampled codes
     head.zero_grad()

@@ -15,7 +15,8 @@ G, C, A, S = 3, 5, 3, 4
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    n = torch.get_num_threads(); torch.set_num_threads(1)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
 
@@ -27,7 +28,8 @@ def setup():
     tok = ResidualVQ(G, C, A).fit(actions, iters=5, seed=0)
     policy = ActionPolicy(S, G, C, A, hidden=16)
     with torch.no_grad():  # non-trivial offsets, so a wrong gather would show
-        policy.offset_head.weight.normal_(0, 0.3); policy.offset_head.bias.normal_(0, 0.3)
+        policy.offset_head.weight.normal_(0, 0.3)
+        policy.offset_head.bias.normal_(0, 0.3)
     states = torch.randn(64, S)
     return tok, policy, states, actions[:64]
 
@@ -64,7 +66,8 @@ def test_gather_offset_hand_computed():
     got = JointPolicyObjective._gather_offset(offs, codes)
     assert got.tolist() == [[10.0, 12.0], [34.0, 36.0]]
     # and against a plain loop on a random table
-    offs = torch.randn(7, G, C, A); codes = torch.randint(C, (7, G))
+    offs = torch.randn(7, G, C, A)
+    codes = torch.randint(C, (7, G))
     loop = torch.stack([sum(offs[b, g, codes[b, g]] for g in range(G)) for b in range(7)])
     assert torch.allclose(JointPolicyObjective._gather_offset(offs, codes), loop)
 
@@ -132,7 +135,9 @@ def test_gradient_routing(setup, teacher_force):
     assert list(tok.parameters()) == [] and not tok.codebooks.requires_grad
     opt = torch.optim.SGD(obj.parameters(), lr=1.0)
     loss, _ = obj(states, actions, generator=torch.Generator().manual_seed(3))
-    opt.zero_grad(); loss.backward(); opt.step()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
     assert torch.equal(tok.codebooks, before) and tok.codebooks.grad is None
 
 
@@ -155,7 +160,8 @@ def test_offset_scale_bounds_and_identity(setup):
         small = x[x.abs() < 1e-3 * s] if (x.abs() < 1e-3 * s).any() else torch.tensor([1e-4 * s])
         assert torch.allclose(bounded_offset(small, s), small, rtol=1e-5, atol=0)  # identity for |x| << s
     tok, policy, states, _ = setup
-    with torch.no_grad(): policy.offset_head.bias.fill_(100.0)
+    with torch.no_grad():
+        policy.offset_head.bias.fill_(100.0)
     obj = JointPolicyObjective(policy, tok, offset_scale=0.1)
     _, table = obj._heads(policy(states))
     assert table.abs().max() <= 0.1 + 1e-7

@@ -11,7 +11,8 @@ from pixrl.offset.tokenizer import ResidualVQ
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    n = torch.get_num_threads(); torch.set_num_threads(1)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
 
@@ -23,7 +24,9 @@ def test_cancellation_ratio_hand_and_loop():
     g = torch.Generator().manual_seed(0)
     d, o, w = torch.randn(2, 4, 3, generator=g), torch.randn(5, 2, 4, 3, generator=g), torch.rand(5, 2, 4, generator=g)
     def wvar(x, w):
-        w = w / w.sum(); m = (w * x).sum(); return (w * (x - m) ** 2).sum()
+        w = w / w.sum()
+        m = (w * x).sum()
+        return (w * (x - m) ** 2).sum()
     loop = torch.stack([sum(wvar(d[gi, :, a] + o[b, gi, :, a], w[b, gi]) for gi in range(2) for a in range(3)) /
                         sum(wvar(d[gi, :, a], w[b, gi]) for gi in range(2) for a in range(3)) for b in range(5)])
     assert torch.allclose(cancellation_ratio(d, o, w), loop, atol=1e-6)

@@ -29,8 +29,10 @@ def test_runplan_every_arm(arm):
     sft = [s for s in plan.stages if s.kind == "sft"]
     if sft:  # first SFT of a lineage is absolute, later insertions relative
         assert sft[0].gate == "absolute" and all(s.gate == "relative" for s in sft[1:])
-    if arm in ("E", "F"): assert plan.fork_through == 1
-    if arm == "F": assert all(s.replay_share == 0.5 for s in plan.stages[2:])
+    if arm in ("E", "F"):
+        assert plan.fork_through == 1
+    if arm == "F":
+        assert all(s.replay_share == 0.5 for s in plan.stages[2:])
     if arm == "I":
         s = plan.stages[0]
         assert s.replay_share == STANDARD_REPLAY and s.canary_every == 5 and not sft

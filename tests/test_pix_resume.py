@@ -26,12 +26,15 @@ def test_sigkill_mid_stage_then_resume(tmp_path):
                 ck = [c for c in (tmp_path / "cache" / "campaigns" / state["campaign_id"] / "stage_1").glob("checkpoint-*")
                       if (c / "trainer_state.json").exists()]          # a complete checkpoint exists
                 if s1["status"] == "running" and ck and not (run_dir / "stage_1.json").exists():
-                    os.killpg(proc.pid, signal.SIGKILL); proc.wait(); killed_at = len(ck)
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    killed_at = len(ck)
                     break
             time.sleep(0.2)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL); proc.wait()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert killed_at, "never caught stage 1 mid-flight with a checkpoint"
     assert json.loads((run_dir / "state.json").read_text())["stages"][1]["status"] == "running"
 

@@ -71,7 +71,8 @@ def output_texts(nb: dict) -> list[str]:
             elif o.get("output_type") in ("execute_result", "display_data"):
                 for mime in ("text/plain", "text/markdown"):
                     v = o.get("data", {}).get(mime)
-                    if v: out.append("".join(v))
+                    if v:
+                        out.append("".join(v))
             elif o.get("output_type") == "error":
                 out.append(f"{o.get('ename')}: {o.get('evalue')}")
     return out
@@ -83,7 +84,8 @@ def _dicts_with_commit(text: str):
         i = m.start()
         try:
             obj, _ = json.JSONDecoder().raw_decode(text, i)
-            if isinstance(obj, dict): yield obj
+            if isinstance(obj, dict):
+                yield obj
             continue
         except ValueError:
             pass
@@ -94,18 +96,22 @@ def _dicts_with_commit(text: str):
             except (ValueError, SyntaxError, MemoryError, RecursionError):
                 j = text.find("}", j + 1)
                 continue
-            if isinstance(obj, dict): yield obj
+            if isinstance(obj, dict):
+                yield obj
             break
 
 
 def _table_record(text: str) -> dict | None:
     "A `| key | value |` markdown table with a `commit` row, as a dict."
     rows = dict(_TABLE_ROW.findall(text))
-    if "commit" not in rows: return None
+    if "commit" not in rows:
+        return None
     rec = {}
     for k, v in rows.items():
-        if k == "dirty" and v.lower() in ("true", "false"): v = v.lower() == "true"
-        elif k == "seed" and re.fullmatch(r"-?\d+", v): v = int(v)
+        if k == "dirty" and v.lower() in ("true", "false"):
+            v = v.lower() == "true"
+        elif k == "seed" and re.fullmatch(r"-?\d+", v):
+            v = int(v)
         rec[k] = v
     return rec
 
@@ -114,9 +120,11 @@ def find_record(texts: list[str]) -> dict | None:
     "The first printed run record (a dict with `commit` and `dirty`) in the outputs."
     for t in texts:
         for d in _dicts_with_commit(t):
-            if "dirty" in d: return d
+            if "dirty" in d:
+                return d
         d = _table_record(t)
-        if d is not None and "dirty" in d: return d
+        if d is not None and "dirty" in d:
+            return d
     return None
 
 
@@ -132,7 +140,8 @@ def _artefact_json(name: str, rel: str | None = None) -> list[dict]:
     for p in paths:
         if p.is_file():
             d = json.loads(p.read_text())
-            if isinstance(d, dict): out.append(d)
+            if isinstance(d, dict):
+                out.append(d)
     return out
 
 
@@ -166,7 +175,8 @@ def read_run(path: Path) -> dict:
             if wall is None:
                 wall = next((d["wall_s"] for d in _artefact_json(name) if isinstance(d.get("wall_s"), (int, float))),
                             None)
-            if wall is not None: record["wall"] = wall
+            if wall is not None:
+                record["wall"] = wall
     return dict(name=name, record=record, errors=errors, exception=exc)
 
 
@@ -179,7 +189,8 @@ def record_problems(run: dict) -> list[str]:
         return ["EXCEPTIONS says it has no run record, but one was found: drop the exception"]
     probs = []
     for f in FIELDS:
-        if f in exc.get("exempt", ()): continue
+        if f in exc.get("exempt", ()):
+            continue
         if f not in rec:
             probs.append(f"run record lacks {f!r}" + (" (print 'wall …' or write wall_s to summary.json)"
                                                       if f == "wall" else ""))
@@ -203,7 +214,8 @@ def superseded(readme: Path = RUNS / "README.md") -> dict[str, str]:
     "notebook stem -> reason, from the `## Superseded` table of runs/README.md."
     text = readme.read_text()
     m = re.search(r"^## Superseded[^\n]*\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-    if m is None: return {}
+    if m is None:
+        return {}
     return {n: why for n, why in re.findall(r"^\|\s*`([^`|]+)\.ipynb`\s*\|\s*(.*?)\s*\|\s*$", m.group(1), re.M)}
 
 
@@ -212,7 +224,8 @@ def superseded_problems(run: dict, listed: dict[str, str]) -> list[str]:
     rec, name = run["record"], run["name"]
     why = listed.get(name)
     if rec is None:
-        if why is None: return [f"{name}.ipynb has no run record and is not listed under '## Superseded' in runs/README.md"]
+        if why is None:
+            return [f"{name}.ipynb has no run record and is not listed under '## Superseded' in runs/README.md"]
         return [] if "no run record" in why.lower() else [f"{name}.ipynb: its Superseded reason must say 'no run record'"]
     if rec.get("dirty") is True:
         if why is None:
@@ -226,7 +239,8 @@ def superseded_problems(run: dict, listed: dict[str, str]) -> list[str]:
 
 def missing_commits(commits: list[str], repo: Path = ROOT) -> list[str]:
     "The commits (full or unambiguous short hashes) that are not commit objects of the repository."
-    if not commits: return []
+    if not commits:
+        return []
     res = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch-check"], capture_output=True, text=True,
                          input="".join(f"{c}^{{commit}}\n" for c in commits), timeout=30, check=True)
     lines = res.stdout.splitlines()
@@ -240,7 +254,8 @@ _CACHE: dict[Path, dict] = {}
 
 
 def _run(path: Path) -> dict:
-    if path not in _CACHE: _CACHE[path] = read_run(path)
+    if path not in _CACHE:
+        _CACHE[path] = read_run(path)
     return _CACHE[path]
 
 
@@ -266,9 +281,11 @@ def test_record_commits_exist():
     commits = {}
     for p in NOTEBOOKS:
         rec = _run(p)["record"]
-        if rec and isinstance(rec.get("commit"), str): commits.setdefault(rec["commit"], []).append(p.name)
+        if rec and isinstance(rec.get("commit"), str):
+            commits.setdefault(rec["commit"], []).append(p.name)
     missing = missing_commits(sorted(commits))
-    if missing and shallow: pytest.skip(f"shallow clone; commits not found: {missing}")
+    if missing and shallow:
+        pytest.skip(f"shallow clone; commits not found: {missing}")
     assert not missing, {c: commits[c] for c in missing}
 
 

@@ -82,7 +82,8 @@ def warm_start_pairs(records, p_yes_free: float = 0.5, seed: int = 0, turn_heade
             out.append((turn_prompt(r.question, memory, ch.text, header=turn_header),
                         format_turn(check, new if check else "", "end" if end else "continue")))
             memory = new
-            if end: break
+            if end:
+                break
         out.append((answer_prompt(r.question, memory, header=answer_header), r.answer))
     return out
 
@@ -122,10 +123,13 @@ def encode_pairs(tokenizer, pairs, device="cpu"):
         ci = tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append((pi + ci, [-100] * len(pi) + ci))
     L = max(len(a) for a, _ in rows)
-    ids = torch.full((len(rows), L), tokenizer.pad_token_id); lab = torch.full((len(rows), L), -100)
+    ids = torch.full((len(rows), L), tokenizer.pad_token_id)
+    lab = torch.full((len(rows), L), -100)
     att = torch.zeros((len(rows), L), dtype=torch.long)
     for i, (a, b) in enumerate(rows):
-        ids[i, :len(a)] = torch.tensor(a); lab[i, :len(b)] = torch.tensor(b); att[i, :len(a)] = 1
+        ids[i, :len(a)] = torch.tensor(a)
+        lab[i, :len(b)] = torch.tensor(b)
+        att[i, :len(a)] = 1
     return ids.to(device), att.to(device), lab.to(device)
 
 def label_loss(model, ids, att, lab):
@@ -138,18 +142,27 @@ def label_loss(model, ids, att, lab):
 def warm_start(model, tokenizer, pairs, cfg: MemTinyConfig = MemTinyConfig(), log_every: int = 100,
                on_log=None) -> list[float]:
     "Supervised warm start on (prompt, completion) pairs; returns the loss curve. `on_log(step)` every `log_every`."
-    rng = random.Random(cfg.seed); torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    torch.manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.warm_lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / cfg.warm_steps))
-    model.train(); losses = []
+    model.train()
+    losses = []
     for step in range(cfg.warm_steps):
         ids, att, lab = encode_pairs(tokenizer, rng.sample(pairs, min(cfg.warm_batch, len(pairs))))
         loss = label_loss(model, ids, att, lab)
-        opt.zero_grad(); loss.backward(); torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0); opt.step(); sched.step()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
         losses.append(loss.item())
         if log_every and (step + 1) % log_every == 0:
             print(f"warm step {step+1}: loss {sum(losses[-log_every:])/log_every:.3f}")
-            if on_log is not None: model.eval(); on_log(step + 1); model.train()
+            if on_log is not None:
+                model.eval()
+                on_log(step + 1)
+                model.train()
     model.eval()
     return losses
 
@@ -178,8 +191,10 @@ def build_mem_tiny(out_dir, cfg: MemTinyConfig = MemTinyConfig(), log_every: int
     with Timer() as tm:
         pairs = [pr for k in range(cfg.gate_resamples) for pr in warm_start_pairs(train, cfg.p_yes_free, cfg.seed * 1000 + k)]
         losses = warm_start(model, tok, pairs, cfg, log_every)
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out); tok.save_pretrained(out)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
     reloaded = AutoTokenizer.from_pretrained(out)               # the path transformers serve takes
     for p, c in warm_start_pairs(records[:20], p_yes_free=1.0):
         if reloaded(p + c, add_special_tokens=False)["input_ids"] != tok(p + c, add_special_tokens=False)["input_ids"]:

@@ -76,12 +76,16 @@ class MemTrainConfig:
         if mb is not None and (not isinstance(mb, int) or mb < 1 or self.questions_per_step % mb):
             raise ValueError(f"mini_batch_questions must divide questions_per_step={self.questions_per_step}; got {mb!r}")
         for k in ("clip_ratio", "lr"):
-            if not getattr(self, k) > 0: raise ValueError(f"{k} must be > 0; got {getattr(self, k)!r}")
-        if self.kl_coef < 0: raise ValueError(f"kl_coef must be ≥ 0; got {self.kl_coef!r}")
+            if not getattr(self, k) > 0:
+                raise ValueError(f"{k} must be > 0; got {getattr(self, k)!r}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be ≥ 0; got {self.kl_coef!r}")
         for k in ("top_p", "val_top_p"):
-            if not 0 < getattr(self, k) <= 1: raise ValueError(f"{k} must be in (0, 1]; got {getattr(self, k)!r}")
+            if not 0 < getattr(self, k) <= 1:
+                raise ValueError(f"{k} must be in (0, 1]; got {getattr(self, k)!r}")
         for k in ("temperature", "val_temperature"):
-            if not getattr(self, k) > 0: raise ValueError(f"{k} must be > 0; got {getattr(self, k)!r}")
+            if not getattr(self, k) > 0:
+                raise ValueError(f"{k} must be > 0; got {getattr(self, k)!r}")
         if self.backend not in ("hf", "vllm", "auto"):
             raise ValueError(f"backend must be 'hf', 'vllm' or 'auto'; got {self.backend!r}")
         return self
@@ -116,7 +120,8 @@ class HFPolicy:
         self.max_prompt_tokens, self.max_response_tokens = max_prompt_tokens, max_response_tokens
         stop = [tokenizer.eos_token_id]
         tid = tokenizer.convert_tokens_to_ids(TURN_STOP)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id: stop.append(tid)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            stop.append(tid)
         self.stop_ids = stop
 
     def encode(self, prompt: str):
@@ -126,24 +131,31 @@ class HFPolicy:
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[str], temperature=1.0, top_p=1.0, seed=0, max_new_tokens=None) -> list[Gen]:
-        if not prompts: return []
+        if not prompts:
+            return []
         tok, pad = self.tokenizer, self.tokenizer.pad_token_id
         enc = [self.encode(p) for p in prompts]
         L = max(len(i) for i, _ in enc)
-        ids = torch.full((len(enc), L), pad); att = torch.zeros((len(enc), L), dtype=torch.long)
+        ids = torch.full((len(enc), L), pad)
+        att = torch.zeros((len(enc), L), dtype=torch.long)
         for r, (i, _) in enumerate(enc):                     # left padding
-            ids[r, L - len(i):] = torch.tensor(i); att[r, L - len(i):] = 1
+            ids[r, L - len(i):] = torch.tensor(i)
+            att[r, L - len(i):] = 1
         torch.manual_seed(seed)
-        was_training = self.model.training; self.model.eval()
+        was_training = self.model.training
+        self.model.eval()
         out = self.model.generate(input_ids=ids, attention_mask=att, do_sample=True, temperature=temperature,
                                   top_p=top_p, top_k=0, max_new_tokens=max_new_tokens or self.max_response_tokens,
                                   eos_token_id=self.stop_ids, pad_token_id=pad)   # (B, L + new)
-        if was_training: self.model.train()
+        if was_training:
+            self.model.train()
         gens = []
         for r, (i, trunc) in enumerate(enc):
             comp = out[r, L:].tolist()
             for k, t in enumerate(comp):
-                if t in self.stop_ids: comp = comp[:k + 1]; break
+                if t in self.stop_ids:
+                    comp = comp[:k + 1]
+                    break
             gens.append(Gen(i, comp, tok.decode(comp, skip_special_tokens=True), trunc))
         return gens
 
@@ -172,10 +184,13 @@ class VLLMPolicy(HFPolicy):
         base = getattr(model, "base_model", model).config._name_or_path
         self.llm = LLM(model=base, enable_lora=True, max_lora_rank=cfg.lora_r,
                        max_model_len=cfg.max_prompt_tokens + cfg.max_response_tokens, seed=cfg.seed)
-        import tempfile; self.adapter_dir = Path(tempfile.mkdtemp(prefix="pixrl-mem-lora-")); self.version = 0
+        import tempfile
+        self.adapter_dir = Path(tempfile.mkdtemp(prefix="pixrl-mem-lora-"))
+        self.version = 0
 
     def sync(self):
-        self.model.save_pretrained(self.adapter_dir); self.version += 1
+        self.model.save_pretrained(self.adapter_dir)
+        self.version += 1
 
     def generate(self, prompts, temperature=1.0, top_p=1.0, seed=0, max_new_tokens=None):
         from vllm import SamplingParams
@@ -206,15 +221,20 @@ def rollout(policy, records, group_size: int, temperature=1.0, top_p=1.0, seed=0
     rnd = 0
     while True:
         active = [tr for tr in trajs if not tr.episode.done]
-        if not active: break
+        if not active:
+            break
         gens = policy.generate([tr.episode.prompt() for tr in active], temperature, top_p, seed=seed * 1009 + rnd)
         for tr, g in zip(active, gens):
-            tr.episode.step(g.text); tr.turns.append(g)
+            tr.episode.step(g.text)
+            tr.turns.append(g)
         rnd += 1
-        if rnd > 10_000: raise RuntimeError("rollout did not terminate")   # MemEpisode ends at the last chunk
+        if rnd > 10_000:
+            raise RuntimeError("rollout did not terminate")   # MemEpisode ends at the last chunk
     gens = policy.generate([tr.episode.prompt() for tr in trajs], temperature, top_p, seed=seed * 1009 + rnd)
     for tr, g in zip(trajs, gens):
-        tr.episode.answer(g.text); tr.answer = g; tr.rewards = tr.episode.rewards()
+        tr.episode.answer(g.text)
+        tr.answer = g
+        tr.rewards = tr.episode.rewards()
     return trajs
 
 # %% ../../nbs/22_mem_train.ipynb #8a2a26e5
@@ -256,12 +276,17 @@ def pack_rows(rows: Sequence[Row], pad_id: int):
     positions t whose NEXT token is a completion token; `adv` (N,) the advantage of each of those N tokens."""
     L = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
     B = len(rows)
-    ids = torch.full((B, L), pad_id); att = torch.zeros((B, L), dtype=torch.long)
-    cmask = torch.zeros((B, L), dtype=torch.bool); adv = torch.zeros((B, L))
+    ids = torch.full((B, L), pad_id)
+    att = torch.zeros((B, L), dtype=torch.long)
+    cmask = torch.zeros((B, L), dtype=torch.bool)
+    adv = torch.zeros((B, L))
     for i, r in enumerate(rows):
-        seq = list(r.prompt_ids) + list(r.completion_ids); n, p = len(seq), len(r.prompt_ids)
-        ids[i, :n] = torch.tensor(seq); att[i, :n] = 1
-        cmask[i, p:n] = True; adv[i, p:n] = r.advantage
+        seq = list(r.prompt_ids) + list(r.completion_ids)
+        n, p = len(seq), len(r.prompt_ids)
+        ids[i, :n] = torch.tensor(seq)
+        att[i, :n] = 1
+        cmask[i, p:n] = True
+        adv[i, p:n] = r.advantage
     sel = cmask[:, 1:]                                           # (B, L-1): predict token t+1 from position t
     return ids, att, sel, adv[:, 1:][sel]                        # (B, L), (B, L), (B, L-1), (N,)
 
@@ -291,7 +316,8 @@ def trajectory_metrics(trajs: Sequence[Trajectory], prefix: str = "") -> dict:
     "Gate accuracy split by evidence, exact-exit, format, reward means, response length."
     ev, gc = [], []
     for tr in trajs:
-        ev += list(tr.rewards["evidence"]); gc += list(tr.rewards["gate_correct"])
+        ev += list(tr.rewards["evidence"])
+        gc += list(tr.rewards["gate_correct"])
     ev, gc = np.array(ev, bool), np.array(gc, bool)
     R = lambda k: float(np.mean([tr.rewards[k] for tr in trajs]))
     nan = float("nan")
@@ -315,11 +341,14 @@ def gate_probe(model, tokenizer, records, cfg: MemTrainConfig = MemTrainConfig()
     for r in list(records)[:max_records]:
         memory = ""
         for ch in r.chunks:
-            prompts.append(turn_prompt(r.question, memory, ch.text, header=cfg.turn_header)); labels.append(bool(ch.evidence))
-            if ch.evidence: memory = (memory + " " + ch.text).strip()
+            prompts.append(turn_prompt(r.question, memory, ch.text, header=cfg.turn_header))
+            labels.append(bool(ch.evidence))
+            if ch.evidence:
+                memory = (memory + " " + ch.text).strip()
     enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]
     lp = {}
-    was_training = model.training; model.eval()
+    was_training = model.training
+    model.eval()
     for gate in ("yes", "no"):
         comp = enc(f"<check>{gate}</check>")
         rows = [Row(enc(p)[-cfg.max_prompt_tokens:], comp, 0.0, "turn") for p in prompts]
@@ -329,7 +358,8 @@ def gate_probe(model, tokenizer, records, cfg: MemTrainConfig = MemTrainConfig()
             tok_lp = completion_logprobs(model, ids, att, sel)                      # (n·len(comp),)
             out.append(tok_lp.view(-1, len(comp)).sum(-1))                         # (n,)
         lp[gate] = torch.cat(out)
-    if was_training: model.train()
+    if was_training:
+        model.train()
     p_no = torch.sigmoid(lp["no"] - lp["yes"]).numpy()                             # (n_prompts,)
     ev = np.array(labels)
     return {"p_no_free": float(p_no[~ev].mean()), "p_yes_evidence": float(1 - p_no[ev].mean()),
@@ -361,9 +391,11 @@ class MemGRPOTrainer:
     `step()` = rollout → rewards → advantages → clipped token-mean update; `validate()` on held-out projects."""
     def __init__(self, cfg: MemTrainConfig, train_records, val_records=(), model=None, tokenizer=None):
         self.cfg = cfg.validate()
-        if not train_records: raise ValueError("train_records is empty")
+        if not train_records:
+            raise ValueError("train_records is empty")
         torch.set_num_threads(cfg.threads)
-        if model is None: model, tokenizer = load_lora_policy(cfg)
+        if model is None:
+            model, tokenizer = load_lora_policy(cfg)
         self.model, self.tokenizer = model, tokenizer
         self.train_records, self.val_records = list(train_records), list(val_records)
         self.policy = make_policy(model, tokenizer, cfg)
@@ -402,7 +434,8 @@ class MemGRPOTrainer:
         for _ in range(cfg.ppo_epochs):
             for grp in groups:
                 N = float(sum(sum(len(r.completion_ids) for r in micro[i]) for i in grp))
-                if N == 0: continue
+                if N == 0:
+                    continue
                 self.opt.zero_grad()
                 for i in grp:
                     lp, adv = self._logprobs(micro[i], grad=True)              # (n,), (n,)
@@ -411,13 +444,15 @@ class MemGRPOTrainer:
                     loss = tok_loss.sum() / N                                # token-mean over ALL turns of the mini-batch
                     if ref is not None:
                         kl = k3_kl(lp, ref[i]).sum() / N
-                        loss = loss + cfg.kl_coef * kl; stats["kl"] += kl.item()
+                        loss = loss + cfg.kl_coef * kl
+                        stats["kl"] += kl.item()
                     loss.backward()
                     stats["pl"] += tok_loss.sum().item() / N
                     stats["clip"] += ((ratio - 1).abs() > cfg.clip_ratio).sum().item()
                     stats["ntok"] += float(lp.numel())
                 gn = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], cfg.max_grad_norm)
-                self.opt.step(); stats["gn"] = float(gn)
+                self.opt.step()
+                stats["gn"] = float(gn)
         self.sched.step()
         k = cfg.ppo_epochs * len(groups)
         return {"loss/policy": stats["pl"] / k, "loss/kl": stats["kl"] / k,
@@ -426,7 +461,8 @@ class MemGRPOTrainer:
 
     def step(self) -> dict:
         "One GRPO step; returns (and appends to `history`) its metrics."
-        t0 = time.time(); cfg = self.cfg
+        t0 = time.time()
+        cfg = self.cfg
         trajs = rollout(self.policy, self.sample_questions(), cfg.group_size, cfg.temperature, cfg.top_p,
                         seed=cfg.seed * 100_003 + self.step_idx, turn_header=cfg.turn_header, answer_header=cfg.answer_header)
         t1 = time.time()
@@ -444,7 +480,8 @@ class MemGRPOTrainer:
     def validate(self, n: int | None = None) -> dict:
         "One rollout per held-out question (first `val_questions`), validation sampling; `val/...` metrics."
         recs = self.val_records[: n or self.cfg.val_questions]
-        if not recs: return {}
+        if not recs:
+            return {}
         trajs = rollout(self.policy, recs, 1, self.cfg.val_temperature, self.cfg.val_top_p, seed=10_007 + self.cfg.seed,
                         turn_header=self.cfg.turn_header, answer_header=self.cfg.answer_header)
         m = trajectory_metrics(trajs)
@@ -461,7 +498,8 @@ class MemGRPOTrainer:
             if stop_on_plateau and m["step"] >= stop_on_plateau.get("min_steps", 0) and \
                     plateaued([h["val/reward"] for h in self.history if "val/reward" in h],
                               stop_on_plateau.get("window", 4), stop_on_plateau.get("min_delta", 0.03)):
-                print(f"validation reward plateaued at step {m['step']}"); break
+                print(f"validation reward plateaued at step {m['step']}")
+                break
         return self.history
 
 def format_metrics(m: dict, keys=("gate/acc_evidence", "gate/acc_free", "exit/exact_ratio", "format/correct",
@@ -472,6 +510,7 @@ def format_metrics(m: dict, keys=("gate/acc_evidence", "gate/acc_free", "exit/ex
 def plateaued(values: Sequence[float], window: int = 4, min_delta: float = 0.03) -> bool:
     """True when the mean of the last `window` validation rewards is not above the mean of the `window` before it
     by more than `min_delta` (needs 2·window values)."""
-    if len(values) < 2 * window: return False
+    if len(values) < 2 * window:
+        return False
     last, prev = np.mean(values[-window:]), np.mean(values[-2 * window:-window])
     return bool(last - prev <= min_delta)

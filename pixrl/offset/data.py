@@ -28,7 +28,8 @@ class DrivingData:
     scenario: np.ndarray    # (n,) int8 index into SCENARIOS
     p_major: np.ndarray     # (n,) float32
     seed: int
-    def __len__(self): return len(self.actions)
+    def __len__(self):
+        return len(self.actions)
     @property
     def bimodal(self) -> np.ndarray:
         "(n,) bool: frames whose state gives each pedal mode a probability in [0.1, 0.9]."
@@ -46,43 +47,66 @@ def make_driving_data(n: int, seed: int) -> DrivingData:
         raise ValueError(f"n must be a positive number of frames, got {n!r}")
     rng = np.random.default_rng(seed)
     scen = rng.choice(len(SCENARIOS), size=n, p=SCENARIO_MIX)
-    speed = np.zeros(n); dist = np.full(n, 100.0); light = np.zeros(n, dtype=int)  # light: 0 green, 1 amber, 2 red
-    gap = np.full(n, 60.0); curv = rng.normal(0, 0.25, n); limit = rng.choice([8.0, 14.0, 22.0], n)
-    gas = np.zeros(n); brake = np.zeros(n); p_major = np.full(n, np.nan)
+    speed = np.zeros(n)
+    dist = np.full(n, 100.0)
+    light = np.zeros(n, dtype=int)  # light: 0 green, 1 amber, 2 red
+    gap = np.full(n, 60.0)
+    curv = rng.normal(0, 0.25, n)
+    limit = rng.choice([8.0, 14.0, 22.0], n)
+    gas = np.zeros(n)
+    brake = np.zeros(n)
+    p_major = np.full(n, np.nan)
     # cruise: unimodal, gas below the limit and brake above it
-    m = scen == 0; k = m.sum()
+    m = scen == 0
+    k = m.sum()
     speed[m] = np.clip(limit[m] + rng.uniform(-6, 6, k), 1.0, None)
-    err = limit[m] - speed[m]; below = err > 0
+    err = limit[m] - speed[m]
+    below = err > 0
     gas[m] = np.where(below, np.clip(0.1 + 0.06 * err, 0.06, 0.6) + rng.normal(0, 0.02, k), 0.0)
     brake[m] = np.where(below, 0.0, np.clip(0.1 - 0.05 * err, 0.06, 0.5) + rng.normal(0, 0.02, k))
     # rest: stopped at a green light behind a queue; launch vs hold (bimodal)
-    m = scen == 1; k = m.sum()
-    speed[m] = 0.0; curv[m] = rng.normal(0, 0.05, k); gap[m] = rng.uniform(2, 14, k); dist[m] = rng.uniform(0, 3, k)
+    m = scen == 1
+    k = m.sum()
+    speed[m] = 0.0
+    curv[m] = rng.normal(0, 0.05, k)
+    gap[m] = rng.uniform(2, 14, k)
+    dist[m] = rng.uniform(0, 3, k)
     p = 0.35 + 0.45 * (gap[m] - 2) / 12
     launch = rng.random(k) < p
     gas[m] = np.where(launch, _active(rng, 0.35, 0.12, k), 0.0)
     brake[m] = np.where(launch, 0.0, _active(rng, 0.45, 0.12, k))
     p_major[m] = p
     # amber: approaching the line; go vs stop depends on time-to-line (bimodal)
-    m = scen == 2; k = m.sum()
-    light[m] = 1; speed[m] = rng.uniform(8, 20, k); tau = rng.uniform(1.0, 4.0, k); dist[m] = tau * speed[m]
+    m = scen == 2
+    k = m.sum()
+    light[m] = 1
+    speed[m] = rng.uniform(8, 20, k)
+    tau = rng.uniform(1.0, 4.0, k)
+    dist[m] = tau * speed[m]
     p = 0.65 - 0.45 * (tau - 1.0) / 3.0
     go = rng.random(k) < p
     gas[m] = np.where(go, _active(rng, 0.3, 0.1, k), 0.0)
     brake[m] = np.where(go, 0.0, _active(rng, 0.55, 0.15, k))
     p_major[m] = p
     # red: unimodal braking proportional to the required deceleration
-    m = scen == 3; k = m.sum()
-    light[m] = 2; speed[m] = rng.uniform(4, 20, k); dist[m] = rng.uniform(15, 80, k)
+    m = scen == 3
+    k = m.sum()
+    light[m] = 2
+    speed[m] = rng.uniform(4, 20, k)
+    dist[m] = rng.uniform(15, 80, k)
     brake[m] = speed[m] ** 2 / (2 * dist[m]) / 6.0 + rng.normal(0, 0.02, k)
     # follow: unimodal, gas when the gap exceeds 2 s of headway, brake when closing
-    m = scen == 4; k = m.sum()
-    speed[m] = rng.uniform(5, 20, k); gap[m] = rng.uniform(5, 60, k)
-    gerr = gap[m] - 2.0 * speed[m]; closing = gerr < 0
+    m = scen == 4
+    k = m.sum()
+    speed[m] = rng.uniform(5, 20, k)
+    gap[m] = rng.uniform(5, 60, k)
+    gerr = gap[m] - 2.0 * speed[m]
+    closing = gerr < 0
     gas[m] = np.where(closing, 0.0, np.clip(0.08 + 0.01 * gerr, 0.06, 0.5) + rng.normal(0, 0.02, k))
     brake[m] = np.where(closing, np.clip(0.1 - 0.02 * gerr, 0.06, 0.8) + rng.normal(0, 0.02, k), 0.0)
     # the active pedal is >= 0.06, the inactive one exactly 0
-    gas = np.where(gas > 0, np.clip(gas, 0.06, 1.0), 0.0); brake = np.where(brake > 0, np.clip(brake, 0.06, 1.0), 0.0)
+    gas = np.where(gas > 0, np.clip(gas, 0.06, 1.0), 0.0)
+    brake = np.where(brake > 0, np.clip(brake, 0.06, 1.0), 0.0)
     steer = np.clip(0.6 * curv + rng.normal(0, 0.02, n), -1, 1)
     states = np.column_stack([speed / 20, np.minimum(dist, 100) / 100, np.eye(3)[light],
                               np.minimum(gap, 60) / 60, curv, limit / 20]).astype(np.float32)
@@ -91,7 +115,8 @@ def make_driving_data(n: int, seed: int) -> DrivingData:
 
 def load_split(split: str, n: int) -> DrivingData:
     "`n` frames of `split` ('train' or 'validation'); the splits differ by generator seed."
-    if split not in SPLIT_SEEDS: raise ValueError(f"split must be one of {tuple(SPLIT_SEEDS)}, got {split!r}")
+    if split not in SPLIT_SEEDS:
+        raise ValueError(f"split must be one of {tuple(SPLIT_SEEDS)}, got {split!r}")
     return make_driving_data(n, SPLIT_SEEDS[split])
 
 # %% ../../nbs/29_offset_data.ipynb #5f89ac18
@@ -101,7 +126,9 @@ def data_digest(*datasets: DrivingData) -> str:
     for d in datasets:
         for arr in (d.states, d.actions, d.scenario, d.p_major):
             a = np.ascontiguousarray(arr)
-            h.update(str(a.dtype).encode()); h.update(str(a.shape).encode()); h.update(a.tobytes())
+            h.update(str(a.dtype).encode())
+            h.update(str(a.shape).encode())
+            h.update(a.tobytes())
     return h.hexdigest()
 
 def to_control(actions):
@@ -109,7 +136,8 @@ def to_control(actions):
     a = np.array(actions, dtype=np.float32, copy=True)
     if a.shape[-1] != len(ACTION_NAMES):
         raise ValueError(f"actions must end in {len(ACTION_NAMES)} dims {ACTION_NAMES}, got shape {a.shape}")
-    a[..., :2] = a[..., :2].clip(0, 1); a[..., 2] = a[..., 2].clip(-1, 1)
+    a[..., :2] = a[..., :2].clip(0, 1)
+    a[..., 2] = a[..., 2].clip(-1, 1)
     return a
 
 def pedal_conflict(actions, threshold: float = SENSOR_THRESHOLD) -> np.ndarray:

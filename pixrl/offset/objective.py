@@ -20,11 +20,14 @@ class ActionPolicy(nn.Module):
     def __init__(self, state_dim: int, n_groups: int, n_codes: int, action_dim: int, hidden: int = 128, depth: int = 2):
         super().__init__()
         layers, d = [], state_dim
-        for _ in range(depth): layers += [nn.Linear(d, hidden), nn.GELU()]; d = hidden
+        for _ in range(depth):
+            layers += [nn.Linear(d, hidden), nn.GELU()]
+            d = hidden
         self.trunk = nn.Sequential(*layers)
         self.code_head = nn.Linear(d, n_groups * n_codes)
         self.offset_head = nn.Linear(d, n_groups * n_codes * action_dim)
-        nn.init.normal_(self.offset_head.weight, std=1e-3); nn.init.zeros_(self.offset_head.bias)
+        nn.init.normal_(self.offset_head.weight, std=1e-3)
+        nn.init.zeros_(self.offset_head.bias)
         self.state_dim, self.n_groups, self.n_codes, self.action_dim = state_dim, n_groups, n_codes, action_dim
         self.feature_dim = d
 
@@ -35,7 +38,8 @@ class ActionPolicy(nn.Module):
     def heads_only(self) -> "ActionPolicy":
         "A depth-0 copy whose input is this policy's features (for retraining heads on cached features)."
         h = ActionPolicy(self.feature_dim, self.n_groups, self.n_codes, self.action_dim, depth=0)
-        h.code_head.load_state_dict(self.code_head.state_dict()); h.offset_head.load_state_dict(self.offset_head.state_dict())
+        h.code_head.load_state_dict(self.code_head.state_dict())
+        h.offset_head.load_state_dict(self.offset_head.state_dict())
         return h
 
 def focal_loss(logits: torch.Tensor, targets: torch.Tensor, gamma: float = 2.0) -> torch.Tensor:
@@ -45,7 +49,8 @@ def focal_loss(logits: torch.Tensor, targets: torch.Tensor, gamma: float = 2.0) 
 
 def bounded_offset(x: torch.Tensor, scale: float | None) -> torch.Tensor:
     "scale · tanh(x / scale): the identity for |x| << scale, saturating at ±scale; `scale=None`: identity."
-    if scale is None: return x
+    if scale is None:
+        return x
     if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0 and math.isfinite(scale)):
         raise ValueError(f"offset_scale must be None or a finite number > 0, got {scale!r}")
     return scale * torch.tanh(x / scale)
@@ -65,7 +70,8 @@ class JointPolicyObjective(nn.Module):
         if mine != theirs:
             raise ValueError(f"policy heads (n_groups, n_codes, action_dim)={mine} do not match the tokenizer's {theirs}")
         bounded_offset(torch.zeros(1), offset_scale)                         # validates offset_scale
-        if group_weights is None: group_weights = [5.0] + [0.5] * (tokenizer.n_groups - 1)
+        if group_weights is None:
+            group_weights = [5.0] + [0.5] * (tokenizer.n_groups - 1)
         if len(group_weights) != tokenizer.n_groups:
             raise ValueError(f"group_weights needs {tokenizer.n_groups} entries (one per group), got {len(group_weights)}")
         self.policy, self.tokenizer = policy, tokenizer
@@ -83,7 +89,8 @@ class JointPolicyObjective(nn.Module):
     @staticmethod
     def _sample_codes(code_logits: torch.Tensor, sample: bool = True, generator: torch.Generator | None = None):
         "(b, g, c) logits -> (b, g) codes: one multinomial draw per (frame, group), or the argmax."
-        if not sample: return code_logits.argmax(-1)
+        if not sample:
+            return code_logits.argmax(-1)
         b, g, c = code_logits.shape
         probs = F.softmax(code_logits, -1).reshape(b * g, c)                             # (b·g, c)
         return torch.multinomial(probs, 1, generator=generator).view(b, g)
@@ -143,8 +150,10 @@ def fit_policy(objective: JointPolicyObjective, states, actions, steps: int, bat
                lr: float = 2e-3, seed: int = 0, params=None, log_every: int = 100) -> list[dict]:
     """AdamW + one-cycle schedule over random minibatches. `params`: what to train (default: the whole
     policy); everything else is left untouched. Returns the logged metrics every `log_every` steps."""
-    if steps < 1 or batch_size < 1: raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
-    S = torch.as_tensor(np.asarray(states), dtype=torch.float32); A = torch.as_tensor(np.asarray(actions), dtype=torch.float32)
+    if steps < 1 or batch_size < 1:
+        raise ValueError(f"steps and batch_size must be >= 1, got {steps}, {batch_size}")
+    S = torch.as_tensor(np.asarray(states), dtype=torch.float32)
+    A = torch.as_tensor(np.asarray(actions), dtype=torch.float32)
     objective._check(S[:1], A[:1])
     params = list(objective.policy.parameters() if params is None else params)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
@@ -154,7 +163,10 @@ def fit_policy(objective: JointPolicyObjective, states, actions, steps: int, bat
     for step in range(steps):
         idx = torch.randint(len(S), (batch_size,), generator=gen)
         loss, m = objective(S[idx], A[idx], generator=gen)
-        opt.zero_grad(set_to_none=True); loss.backward(); opt.step(); sched.step()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
         if step % log_every == 0 or step == steps - 1:
             history.append({"step": step, **{k: float(v) for k, v in m.items()}})
     return history
@@ -182,9 +194,12 @@ class ArmConfig:
     def __post_init__(self):
         for k in ("n_train", "n_val", "n_tok_fit", "n_groups", "n_codes", "hidden", "steps", "batch_size", "tok_iters"):
             v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1: raise ValueError(f"{k} must be a positive int, got {v!r}")
-        if self.n_tok_fit > self.n_train: raise ValueError(f"n_tok_fit={self.n_tok_fit} exceeds n_train={self.n_train}")
-        if not (self.lr > 0): raise ValueError(f"lr must be > 0, got {self.lr!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{k} must be a positive int, got {v!r}")
+        if self.n_tok_fit > self.n_train:
+            raise ValueError(f"n_tok_fit={self.n_tok_fit} exceeds n_train={self.n_train}")
+        if not (self.lr > 0):
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
         bounded_offset(torch.zeros(1), self.offset_scale)
 
 def train_arm(cfg: ArmConfig, log_every: int = 100) -> dict:
@@ -208,7 +223,8 @@ def load_arm(path) -> tuple[JointPolicyObjective, ArmConfig, str]:
     ck = torch.load(path, weights_only=False)
     cfg = ArmConfig(**ck["config"])
     from pixrl.offset.data import STATE_FEATURES, ACTION_NAMES
-    tok = ResidualVQ(cfg.n_groups, cfg.n_codes, len(ACTION_NAMES)); tok.load_state_dict(ck["tokenizer"])
+    tok = ResidualVQ(cfg.n_groups, cfg.n_codes, len(ACTION_NAMES))
+    tok.load_state_dict(ck["tokenizer"])
     policy = ActionPolicy(len(STATE_FEATURES), cfg.n_groups, cfg.n_codes, len(ACTION_NAMES), hidden=cfg.hidden)
     policy.load_state_dict(ck["policy"])
     return JointPolicyObjective(policy, tok, teacher_force_offset=cfg.teacher_force_offset, offset_scale=cfg.offset_scale), cfg, ck["digest"]

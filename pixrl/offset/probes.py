@@ -22,15 +22,18 @@ __all__ = ['REQUIRED_OUTPUTS', 'cancellation_ratio', 'offset_decode_regression',
 def _as_table(decoded: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     "Broadcast decoded (g, c, a) or (b, g, c, a) against offsets (b, g, c, a)."
     decoded, offsets = torch.as_tensor(decoded), torch.as_tensor(offsets)
-    if offsets.ndim != 4: raise ValueError(f"offsets must be (b, g, c, a), got shape {tuple(offsets.shape)}")
-    if decoded.ndim == 3: decoded = decoded[None]
+    if offsets.ndim != 4:
+        raise ValueError(f"offsets must be (b, g, c, a), got shape {tuple(offsets.shape)}")
+    if decoded.ndim == 3:
+        decoded = decoded[None]
     if decoded.ndim != 4 or decoded.shape[1:] != offsets.shape[1:]:
         raise ValueError(f"decoded must be (g, c, a) or (b, g, c, a) matching offsets {tuple(offsets.shape)}, got {tuple(decoded.shape)}")
     return decoded.expand_as(offsets)
 
 def _var_c(x: torch.Tensor, w: torch.Tensor | None) -> torch.Tensor:
     "Variance over the code axis (dim 2) of x (b, g, c, a), optionally weighted by w (b, g, c)."
-    if w is None: return x.var(2, unbiased=False)                                  # (b, g, a)
+    if w is None:
+        return x.var(2, unbiased=False)                                  # (b, g, a)
     w = w / w.sum(2, keepdim=True)
     mu = (w[..., None] * x).sum(2, keepdim=True)
     return (w[..., None] * (x - mu) ** 2).sum(2)
@@ -44,7 +47,8 @@ def cancellation_ratio(decoded, offsets, weights=None, eps: float = 1e-12) -> to
     decoded = _as_table(decoded, offsets)
     if weights is not None:
         weights = torch.as_tensor(weights)
-        if weights.shape != offsets.shape[:3]: raise ValueError(f"weights must be (b, g, c) = {tuple(offsets.shape[:3])}, got {tuple(weights.shape)}")
+        if weights.shape != offsets.shape[:3]:
+            raise ValueError(f"weights must be (b, g, c) = {tuple(offsets.shape[:3])}, got {tuple(weights.shape)}")
     num = _var_c(decoded + offsets, weights).sum((1, 2))                            # (b,)
     den = _var_c(decoded, weights).sum((1, 2))                                      # (b,)
     return num / den.clamp_min(eps)
@@ -80,7 +84,8 @@ def cancellation_report(decoded, offsets, entropy, weights=None) -> pd.DataFrame
     for name, m in [("all", np.ones_like(r, bool))] + [(f"Q{i + 1}", bucket == i) for i in range(4)]:
         row = {"bucket": name, "n": int(m.sum()), "entropy_mean": float(np.asarray(entropy)[m].mean()),
                "R_median": float(np.median(r[m])), "R_mean": float(r[m].mean())}
-        if rw is not None: row["R_weighted_median"] = float(np.median(rw[m]))
+        if rw is not None:
+            row["R_weighted_median"] = float(np.median(rw[m]))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -103,7 +108,8 @@ def gather_offsets(offsets: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     "offsets (b, g, c, a), codes (b, g) -> (b, a) = Σ_g offsets[b, g, codes[b, g], :]."
     b, g, c, a = offsets.shape
     codes = check_codes(codes, g, c)
-    if codes.shape[0] != b: raise ValueError(f"codes cover {codes.shape[0]} frames, offsets {b}")
+    if codes.shape[0] != b:
+        raise ValueError(f"codes cover {codes.shape[0]} frames, offsets {b}")
     idx = codes[:, :, None, None].expand(b, g, 1, a)                                 # (b, g, 1, a)
     return offsets.gather(2, idx).squeeze(2).sum(1)
 
@@ -148,7 +154,8 @@ class OffsetAdapter:
 
 def as_adapter(policy) -> OffsetAdapter:
     "A `JointPolicyObjective` -> `ObjectiveAdapter`; an `OffsetAdapter` (checked for its three methods) -> itself."
-    if isinstance(policy, JointPolicyObjective): return ObjectiveAdapter(policy)
+    if isinstance(policy, JointPolicyObjective):
+        return ObjectiveAdapter(policy)
     if not isinstance(policy, OffsetAdapter):
         raise ValueError(f"the probes take a JointPolicyObjective or an OffsetAdapter, got {type(policy).__name__}")
     missing = [m for m in _ADAPTER_METHODS if getattr(type(policy), m) is getattr(OffsetAdapter, m)]
@@ -193,9 +200,12 @@ class ObjectiveAdapter(OffsetAdapter):
         x = torch.as_tensor(np.asarray(inputs), dtype=torch.float32) if not torch.is_tensor(inputs) else inputs
         logits, offsets = self.objective._heads(self.objective.policy(x))           # (b, g, c), (b, g, c, a)
         return {"code_logits": logits, "offsets": offsets}
-    def decode(self, codes): return self.tokenizer.decode(codes)
-    def encode(self, actions): return self.tokenizer.encode(torch.as_tensor(np.asarray(actions), dtype=torch.float32))
-    def decoded_table(self, codes=None): return self.tokenizer.codebooks           # (g, c, a)
+    def decode(self, codes):
+        return self.tokenizer.decode(codes)
+    def encode(self, actions):
+        return self.tokenizer.encode(torch.as_tensor(np.asarray(actions), dtype=torch.float32))
+    def decoded_table(self, codes=None):
+        return self.tokenizer.codebooks           # (g, c, a)
 
 # %% ../../nbs/32_offset_probes.ipynb #c96688d3
 def vqbet_offset_table(head, x: torch.Tensor) -> torch.Tensor:
@@ -241,14 +251,18 @@ class VQBeTAdapter(OffsetAdapter):
         self.sampling_temperature = float(cfg.bet_softmax_temperature)
         if (action_min is None) != (action_max is None):
             raise ValueError("give both action_min and action_max (MIN_MAX stats) or neither")
-        if action_min is None: lo, hi = torch.full((self.action_dim,), -1.0), torch.ones(self.action_dim)
-        else: lo, hi = torch.as_tensor(action_min, dtype=torch.float32).reshape(-1), torch.as_tensor(action_max, dtype=torch.float32).reshape(-1)
+        if action_min is None:
+            lo, hi = torch.full((self.action_dim,), -1.0), torch.ones(self.action_dim)
+        else:
+            lo, hi = torch.as_tensor(action_min, dtype=torch.float32).reshape(-1), torch.as_tensor(action_max, dtype=torch.float32).reshape(-1)
         if lo.shape != (self.action_dim,) or hi.shape != (self.action_dim,) or not (hi > lo).all():
             raise ValueError(f"action_min/action_max must be ({self.action_dim},) with max > min, got {tuple(lo.shape)}, {tuple(hi.shape)}")
         self.lo, self.half = lo, (hi - lo) / 2                                       # x = lo + (x_n + 1) · half
 
-    def normalise(self, actions) -> torch.Tensor: return (torch.as_tensor(actions, dtype=torch.float32) - self.lo) / self.half - 1
-    def unnormalise(self, x: torch.Tensor) -> torch.Tensor: return self.lo + (x + 1) * self.half
+    def normalise(self, actions) -> torch.Tensor:
+        return (torch.as_tensor(actions, dtype=torch.float32) - self.lo) / self.half - 1
+    def unnormalise(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lo + (x + 1) * self.half
 
     def heads(self, inputs) -> dict:
         x = inputs if self.features is None else self.features(inputs)
@@ -266,10 +280,12 @@ class VQBeTAdapter(OffsetAdapter):
         than the C**G combinations is served from a table of all of them (lerobot's gather repeats the codebook per row)."""
         codes = check_codes(codes, self.n_groups, self.n_codes)
         K = self.n_codes ** self.n_groups
-        if codes.shape[0] <= K: return self._decode(codes)
+        if codes.shape[0] <= K:
+            return self._decode(codes)
         table = self._decode(all_code_combinations(self.n_groups, self.n_codes))      # (K, a)
         idx = torch.zeros(codes.shape[0], dtype=torch.long)
-        for g in range(self.n_groups): idx = idx * self.n_codes + codes[:, g]          # lexicographic index
+        for g in range(self.n_groups):
+            idx = idx * self.n_codes + codes[:, g]          # lexicographic index
         return table[idx]
 
     def encode(self, actions) -> torch.Tensor:
@@ -301,7 +317,8 @@ def policy_outputs(policy, inputs, seed: int = 0, batch_size: int = 8192) -> dic
     out = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
     out["entropy"] = code_entropy(out["code_logits"])
     out = {k: v.numpy() for k, v in out.items()}
-    out["argmax_action"] = to_control(out["argmax_action"]); out["sampled_action"] = to_control(out["sampled_action"])
+    out["argmax_action"] = to_control(out["argmax_action"])
+    out["sampled_action"] = to_control(out["sampled_action"])
     return out
 
 # %% ../../nbs/32_offset_probes.ipynb #21f1b2e7
@@ -332,7 +349,8 @@ def pedal_rates(actions, thresholds=THRESHOLDS) -> dict:
     a = np.asarray(actions)
     out = {}
     for t in thresholds:
-        out[f"gas@{t}"] = float((a[:, 0] > t).mean()); out[f"brake@{t}"] = float((a[:, 1] > t).mean())
+        out[f"gas@{t}"] = float((a[:, 0] > t).mean())
+        out[f"brake@{t}"] = float((a[:, 1] > t).mean())
         out[f"conflict@{t}"] = float(pedal_conflict(a, t).mean())
     return out
 
@@ -345,7 +363,8 @@ def pedal_report(predictions: dict, gt_actions, entropy, thresholds=THRESHOLDS) 
     rows = []
     for name, pred in predictions.items():
         pred = np.asarray(pred)
-        if pred.shape != gt.shape: raise ValueError(f"predictions[{name!r}] has shape {pred.shape}, ground truth {gt.shape}")
+        if pred.shape != gt.shape:
+            raise ValueError(f"predictions[{name!r}] has shape {pred.shape}, ground truth {gt.shape}")
         for bname, m in [("all", np.ones(len(gt), bool))] + [(f"Q{i + 1}", bucket == i) for i in range(4)]:
             p, q = pedal_rates(pred[m], thresholds), pedal_rates(gt[m], thresholds)
             for t in thresholds:
@@ -378,7 +397,8 @@ def residual_unimodality(tokenizer: ResidualVQ, actions, group: int = 0, tau: fl
                 row[f"tail_{d}"] = float(tail[d])
             row["flagged"] = bool(tail.max() > flag_mass)
         else:
-            row.update({f"tail_{d}": np.nan for d in range(tokenizer.action_dim)}); row["flagged"] = False
+            row.update({f"tail_{d}": np.nan for d in range(tokenizer.action_dim)})
+            row["flagged"] = False
         rows.append(row)
     return pd.DataFrame(rows), hist, edges
 
@@ -387,7 +407,8 @@ def _combo_index(codes: np.ndarray, n_codes: int) -> np.ndarray:
     "(n, g) codes -> (n,) lexicographic combination index (matches ResidualVQ.all_combinations)."
     codes = np.asarray(codes, dtype=np.int64)
     idx = np.zeros(len(codes), dtype=np.int64)
-    for g in range(codes.shape[1]): idx = idx * n_codes + codes[:, g]
+    for g in range(codes.shape[1]):
+        idx = idx * n_codes + codes[:, g]
     return idx
 
 @torch.no_grad()
@@ -399,11 +420,13 @@ def conflict_surface(tokenizer, usage_codes, argmax_codes=None, thresholds=(SENS
     argmax predictions that land on a combination the ground truth uses) and the conflict rate of those combos.
     `tokenizer`: a `ResidualVQ`, or any policy the probes take (its adapter's `decode` is used).
     `usage_codes` and `argmax_codes` are refused when they leave the codebook's range."""
-    if isinstance(tokenizer, ResidualVQ): n_groups, n_codes, decode = tokenizer.n_groups, tokenizer.n_codes, tokenizer.decode
+    if isinstance(tokenizer, ResidualVQ):
+        n_groups, n_codes, decode = tokenizer.n_groups, tokenizer.n_codes, tokenizer.decode
     else:
         adapter = as_adapter(tokenizer)
         n_groups, n_codes, decode = adapter.n_groups, adapter.n_codes, adapter.decode
-    if n_codes ** n_groups > 2 ** 22: raise ValueError(f"{n_codes}**{n_groups} combinations is too many to decode exhaustively")
+    if n_codes ** n_groups > 2 ** 22:
+        raise ValueError(f"{n_codes}**{n_groups} combinations is too many to decode exhaustively")
     dec = decode(all_code_combinations(n_groups, n_codes)).numpy()                  # (K, a)
     K = len(dec)
     usage_codes = check_codes(usage_codes, n_groups, n_codes).numpy()
@@ -421,7 +444,8 @@ def conflict_surface(tokenizer, usage_codes, argmax_codes=None, thresholds=(SENS
         ai = _combo_index(check_codes(argmax_codes, n_groups, n_codes).numpy(), n_codes)
         out["policy_argmax_hit_rate"] = float((usage[ai] > 0).mean())
         out["policy_argmax_distinct"] = int(len(np.unique(ai)))
-        for t in thresholds: out[f"policy_argmax_combo_conflict@{t}"] = float(pedal_conflict(dec[ai], t).mean())
+        for t in thresholds:
+            out[f"policy_argmax_combo_conflict@{t}"] = float(pedal_conflict(dec[ai], t).mean())
     return out
 
 @torch.no_grad()
@@ -436,7 +460,8 @@ def conflict_filtered_tokenizer(actions, n_groups: int = 4, n_codes: int = 16, t
     cb = tok.codebooks                                                              # (g, c, a)
     both = (cb[..., 0] > threshold) & (cb[..., 1] > threshold)
     weaker = torch.where(cb[..., 0] < cb[..., 1], 0, 1)
-    for d in (0, 1): cb[..., d] = torch.where(both & (weaker == d), torch.zeros_like(cb[..., d]), cb[..., d])
+    for d in (0, 1):
+        cb[..., d] = torch.where(both & (weaker == d), torch.zeros_like(cb[..., d]), cb[..., d])
     return tok
 
 # %% ../../nbs/32_offset_probes.ipynb #13230e6e
@@ -464,7 +489,8 @@ def evaluate_policy(policy, inputs, actions, seed: int = 0) -> tuple[dict, dict]
         for k in ("gas", "brake", "conflict"):
             summary[f"{row.decoding}/{k}@{row.threshold}"] = row[k]
             summary[f"gt/{k}@{row.threshold}"] = row[f"gt_{k}"]
-    for k, v in pedal_rates(tok_floor).items(): summary[f"tokenizer_floor/{k}"] = v
+    for k, v in pedal_rates(tok_floor).items():
+        summary[f"tokenizer_floor/{k}"] = v
     return summary, {"cancellation": canc, "pedals": pedals, "outputs": out}
 
 # %% ../../nbs/32_offset_probes.ipynb #84c44793
@@ -480,7 +506,8 @@ def seed_ci(values, level: float = 0.95) -> dict:
 def paired_seed_ci(a, b, level: float = 0.95) -> dict:
     "Mean of the per-seed differences b − a with a Student-t interval (a, b paired by seed: same data and seed)."
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape: raise ValueError(f"paired values need one entry per seed in both arms, got {a.shape} and {b.shape}")
+    if a.shape != b.shape:
+        raise ValueError(f"paired values need one entry per seed in both arms, got {a.shape} and {b.shape}")
     return seed_ci(b - a, level)
 
 # %% ../../nbs/32_offset_probes.ipynb #b8b6e608

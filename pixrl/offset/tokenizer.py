@@ -17,13 +17,15 @@ def kmeans(x: torch.Tensor, k: int, iters: int = 30, generator: torch.Generator 
     """Lloyd's k-means with k-means++ seeding. x: (n, d) -> centres (k, d).
     An empty cluster is re-seeded at the point farthest from every centre."""
     n = x.shape[0]
-    if n < k: raise ValueError(f"k-means needs at least k={k} points, got {n}")
+    if n < k:
+        raise ValueError(f"k-means needs at least k={k} points, got {n}")
     first = torch.randint(n, (1,), generator=generator)
     centres = [x[first]]                                                     # list of (1, d)
     d2 = ((x - centres[0]) ** 2).sum(-1)                                     # (n,)
     for _ in range(1, k):
         j = torch.multinomial(d2 + 1e-12, 1, generator=generator)
-        centres.append(x[j]); d2 = torch.minimum(d2, ((x - x[j]) ** 2).sum(-1))
+        centres.append(x[j])
+        d2 = torch.minimum(d2, ((x - x[j]) ** 2).sum(-1))
     c = torch.cat(centres)                                                   # (k, d)
     for _ in range(iters):
         assign = torch.cdist(x, c).argmin(1)                                 # (n,)
@@ -50,9 +52,11 @@ class ResidualVQ(nn.Module):
         self.register_buffer("_fitted", torch.tensor(False))
 
     @property
-    def fitted(self) -> bool: return bool(self._fitted)
+    def fitted(self) -> bool:
+        return bool(self._fitted)
     @property
-    def n_combinations(self) -> int: return self.n_codes ** self.n_groups
+    def n_combinations(self) -> int:
+        return self.n_codes ** self.n_groups
 
     def _check_actions(self, actions):
         if actions.ndim < 1 or actions.shape[-1] != self.action_dim:
@@ -80,12 +84,14 @@ class ResidualVQ(nn.Module):
     @torch.no_grad()
     def encode(self, actions: torch.Tensor) -> torch.Tensor:
         "(..., a) -> (..., g) long codes by greedy residual nearest-code assignment."
-        self._check_fitted(); self._check_actions(actions)
+        self._check_fitted()
+        self._check_actions(actions)
         resid = actions.reshape(-1, self.action_dim).float()                 # (n, a)
         codes = []
         for g in range(self.n_groups):
             c = torch.cdist(resid, self.codebooks[g]).argmin(1)              # (n,)
-            codes.append(c); resid = resid - self.codebooks[g][c]
+            codes.append(c)
+            resid = resid - self.codebooks[g][c]
         return torch.stack(codes, -1).reshape(*actions.shape[:-1], self.n_groups)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
