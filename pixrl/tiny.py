@@ -46,12 +46,14 @@ def char_tokenizer(number_tokens: bool = False) -> PreTrainedTokenizerFast:
 
 # %% ../nbs/tiny_model.ipynb #c1e16724
 def tiny_config(vocab_size: int = 98, hidden: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2,
-                intermediate: int = 384, max_positions: int = 1024) -> Qwen2Config:
-    "A Qwen2 config for pixrl-tiny (defaults ≈ 0.8 M parameters with tied embeddings)."
+                intermediate: int = 384, max_positions: int = 1024, bos_id: int = 0, eos_id: int = 0,
+                pad_id: int = 0) -> Qwen2Config:
+    """A small Qwen2 config with tied embeddings, built from the library class (no download): pixrl-tiny's
+    defaults ≈ 0.8 M parameters; pixrl-base and pixrl-mem-tiny size it their way (`*_id`: the tokenizer's)."""
     return Qwen2Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate,
                        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                        max_position_embeddings=max_positions, tie_word_embeddings=True,
-                       bos_token_id=0, eos_token_id=0, pad_token_id=0, rope_theta=10000.0)
+                       bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id, rope_theta=10000.0)
 
 def new_tiny_model(seed: int = 0, **config_kw) -> Qwen2ForCausalLM:
     "Freshly initialised pixrl-tiny (deterministic from `seed`)."

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, Regex, AddedToken, models, pre_tokenizers, decoders, normalizers, trainers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, AutoModelForCausalLM, AutoTokenizer
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM, AutoModelForCausalLM, AutoTokenizer
 
+from ..tiny import tiny_config
 from . import corpus as mem_corpus
 from .env import turn_prompt, answer_prompt, format_turn, TURN_HEADER, ANSWER_HEADER
 
@@ -105,13 +106,11 @@ class MemTinyConfig:
     seed: int = 0
 
 def build_model(tokenizer, cfg: MemTinyConfig = MemTinyConfig()) -> Qwen2ForCausalLM:
-    "A freshly initialised Qwen2ForCausalLM sized by `cfg` for `tokenizer`."
+    "A freshly initialised Qwen2ForCausalLM sized by `cfg` for `tokenizer` (the tiny-model builder, `pixrl.tiny.tiny_config`)."
     torch.manual_seed(cfg.seed)
-    conf = Qwen2Config(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                       num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-                       num_key_value_heads=cfg.num_kv_heads, max_position_embeddings=cfg.max_positions,
-                       tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    conf = tiny_config(vocab_size=len(tokenizer), hidden=cfg.hidden_size, layers=cfg.num_layers, heads=cfg.num_heads,
+                       kv_heads=cfg.num_kv_heads, intermediate=cfg.intermediate_size, max_positions=cfg.max_positions,
+                       bos_id=tokenizer.bos_token_id, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
     return Qwen2ForCausalLM(conf)
 
 # %% ../../nbs/23_mem_model.ipynb #424ec7b7
