@@ -5,7 +5,7 @@ PY    := $(CURDIR)/$(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STAMP := $(VENV)/.pixrl-setup
 
-.PHONY: setup test train probe lab bench-eval gpu-check gpu-wheels tiny base export clean-nbs
+.PHONY: setup test train probe lab bench-eval fuzz-eval gpu-check gpu-wheels tiny base export clean-nbs
 
 setup: $(STAMP)
 
@@ -60,6 +60,10 @@ base: setup
 # Rebuild pixrl-tiny from its seed (~35 min on 2 free cores); the committed copy is in data/models/pixrl-tiny.
 tiny: setup
 	papermill nbs/tiny_model.ipynb runs/tiny_model.ipynb --cwd nbs
+
+# Fuzz and soak the evaluator: >= 100,000 mutants through evaluate_many (~10 min); -> runs/fuzz_eval.ipynb
+fuzz-eval: setup
+	papermill nbs/fuzz_eval.ipynb runs/fuzz_eval.ipynb --cwd nbs
 
 # Evaluator throughput: in-process vs sandbox (2 workers) vs spawn-per-candidate, one run (~3-5 min).
 bench-eval: setup
