@@ -14,8 +14,8 @@ from .prompt import PromptSpec, prompt_text, prompt_image, feed_text, format_ans
 hf_logging.disable_progress_bar()  # evidence notebooks carry no progress-bar output
 
 # %% auto #0
-__all__ = ['SHA256SUMS', 'model_dir_sha256', 'recorded_sha256', 'check_model_dir', 'resolve_model', 'model_meta', 'Samples',
-           'Policy', 'load_policy', 'save_policy']
+__all__ = ['SHA256SUMS', 'GENERIC_TOKENIZERS', 'model_dir_sha256', 'recorded_sha256', 'check_model_dir', 'resolve_model',
+           'model_meta', 'Samples', 'Policy', 'load_tokenizer', 'load_policy', 'save_policy']
 
 # %% ../nbs/06_policy.ipynb #363b23fc
 SHA256SUMS = "SHA256SUMS"        # data/models/SHA256SUMS: `<sha256>  <model name>` of every committed model's weights
@@ -186,6 +186,21 @@ class Policy:
         "`n` completions per prompt (list of lists of str); `images` as in `sample`."
         return self.sample(prompts, n, temperature, max_new_tokens, seed, images=images).texts
 
+# %% ../nbs/06_policy.ipynb #tk01a2b4
+GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")   # tokenizer_class of a plain tokenizers tokenizer
+
+def load_tokenizer(path, local_only: bool = True):
+    """The tokenizer of model directory or id `path`: a pixrl model directory (with `pixrl.json`) whose
+    `tokenizer_config.json` names a generic class → `PreTrainedTokenizerFast` over its `tokenizer.json` (its merges
+    and pre-tokenizer as saved); anything else → `AutoTokenizer`."""
+    from transformers import PreTrainedTokenizerFast
+    d = Path(str(path))
+    conf = d / "tokenizer_config.json"
+    if (d / PIXRL_META).exists() and conf.exists() and (d / "tokenizer.json").exists():
+        if json.loads(conf.read_text()).get("tokenizer_class") in GENERIC_TOKENIZERS:
+            return PreTrainedTokenizerFast.from_pretrained(str(d), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=local_only)
+
 # %% ../nbs/06_policy.ipynb #f650a2e9
 def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None, thinking: bool | None = None) -> Policy:
     """Load pixrl-tiny, a local model directory or an HF id as a `Policy` (see the module docs). `thinking`: the
@@ -205,7 +220,7 @@ def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None, t
         net = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, local_files_only=local_only)
         spec = PromptSpec(**meta["prompt_spec"]) if "prompt_spec" in meta else PromptSpec(vision=True)
     else:
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+        tok = load_tokenizer(path, local_only)
         net = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
         spec = PromptSpec(**meta["prompt_spec"]) if "prompt_spec" in meta else PromptSpec()
     if spec.vision and processor is None:

@@ -585,8 +585,8 @@ def cli_main(argv=None) -> int:
     a = ap.parse_args(argv)
     tok = None
     if a.tokenizer:
-        from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(a.tokenizer)
+        from pixrl.policy import load_tokenizer
+        tok = load_tokenizer(a.tokenizer)
     rep = run_preflight(tokenizer=tok, prompt_spec=_prompt.PromptSpec(api_doc=not a.no_api_doc, raster=a.raster),
                         max_prompt_tokens=a.max_prompt_tokens, splits=tuple(a.splits),
                         require_clean_git=a.require_clean_git, positive_control_n=a.positive_control_n, seed=a.seed)
