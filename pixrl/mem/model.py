@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer, Regex, AddedToken, models, pre_tokenizers, decoders, normalizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM, AutoModelForCausalLM, AutoTokenizer
 
-from ..tiny import tiny_config
+from ..tiny import tiny_config, encode_example, collate
 from . import corpus as mem_corpus
 from .env import turn_prompt, answer_prompt, format_turn, TURN_HEADER, ANSWER_HEADER
 
@@ -116,20 +116,8 @@ def build_model(tokenizer, cfg: MemTinyConfig = MemTinyConfig()) -> Qwen2ForCaus
 # %% ../../nbs/23_mem_model.ipynb #424ec7b7
 def encode_pairs(tokenizer, pairs, device="cpu"):
     "Right-padded batch: input_ids, attention_mask, labels (-100 on prompt and padding)."
-    rows = []
-    for p, c in pairs:
-        pi = tokenizer(p, add_special_tokens=False)["input_ids"]
-        ci = tokenizer(c, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append((pi + ci, [-100] * len(pi) + ci))
-    L = max(len(a) for a, _ in rows)
-    ids = torch.full((len(rows), L), tokenizer.pad_token_id)
-    lab = torch.full((len(rows), L), -100)
-    att = torch.zeros((len(rows), L), dtype=torch.long)
-    for i, (a, b) in enumerate(rows):
-        ids[i, :len(a)] = torch.tensor(a)
-        lab[i, :len(b)] = torch.tensor(b)
-        att[i, :len(a)] = 1
-    return ids.to(device), att.to(device), lab.to(device)
+    batch = collate([encode_example(tokenizer, p, c) for p, c in pairs], tokenizer.pad_token_id)   # the tiny builder's
+    return batch["input_ids"].to(device), batch["attention_mask"].to(device), batch["labels"].to(device)   # (B, T) each
 
 def label_loss(model, ids, att, lab):
     "Mean next-token cross-entropy on the labelled positions; the LM head runs only there (it dominates a tiny model)."
