@@ -163,7 +163,7 @@ def _as_levels(value) -> tuple:
 class CampaignConfig:
     "Everything that defines a pix campaign: the single source of its defaults (train.ipynb's parameters mirror it)."
     arm: str = "B"                     # a row of ARMS: A B C D E F G I
-    model: str = "pixrl-tiny"          # pixrl-tiny | pixrl-tiny-vl | a Hugging Face id | a local model directory
+    model: str = "pixrl-base"          # pixrl-base (the competent default) | pixrl-tiny (weak fixture) | pixrl-tiny-vl | an HF id | a local dir
     runs_root: str = "runs"            # parent folder of the run directory
     name: str | None = None            # run directory name; None: the arm in lower case (+ '-smoke' in smoke mode)
     levels: tuple = LEVELS             # curriculum levels the plan covers (a tuple, or "0,1,2" from papermill)
