@@ -151,7 +151,7 @@ class BaseConfig:
     heads: int = 4               # attention heads
     kv_heads: int = 2            # key/value heads (grouped-query attention)
     intermediate: int = 384      # MLP width
-    steps: int = 5000            # optimizer steps (≈ 0.57 s each at batch 16 on 2 free cores: ≈ 48 min); 2,400 probed
+    steps: int = 5000            # optimizer steps (0.61 s each at batch 16 on 2 free cores: 51 min, runs/base_model); 2,400 probed
                                  # exec 0.78, IoU 0.40 (runs/base_model_s2400.ipynb): too few
     batch_size: int = 16         # scenes per step (each scene of the stream is seen once)
     lr: float = 2e-3             # peak AdamW learning rate (weight decay 0.01, grad-norm clip 1.0)

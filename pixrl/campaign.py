@@ -167,7 +167,7 @@ class CampaignConfig:
     runs_root: str = "runs"            # parent folder of the run directory
     name: str | None = None            # run directory name; None: the arm in lower case (+ '-smoke' in smoke mode)
     levels: tuple = LEVELS             # curriculum levels the plan covers (a tuple, or "0,1,2" from papermill)
-    steps_per_level: int = 36          # GRPO optimizer steps per RL stage (36 × 5 levels ≈ 9 min on 2 cores at pixrl-base)
+    steps_per_level: int = 36          # GRPO optimizer steps per RL stage (arm B on pixrl-base: runs/b, 9.9 min on 2 cores)
     rollouts: int = 8                  # G: completions per group (TRL num_generations)
     groups_per_step: int = 2           # prompts per optimizer step (batch = groups_per_step · rollouts completions)
     lr: float = 1e-4                   # GRPO learning rate (LoRA; constant; 1e-3 made pixrl-base worse: runs/b_lr1e-3)

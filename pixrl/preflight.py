@@ -585,8 +585,9 @@ def cli_main(argv=None) -> int:
     a = ap.parse_args(argv)
     tok = None
     if a.tokenizer:
+        import os
         from pixrl.policy import load_tokenizer
-        tok = load_tokenizer(a.tokenizer)
+        tok = load_tokenizer(a.tokenizer, local_only=os.environ.get("PIXRL_ALLOW_DOWNLOAD") != "1")
     rep = run_preflight(tokenizer=tok, prompt_spec=_prompt.PromptSpec(api_doc=not a.no_api_doc, raster=a.raster),
                         max_prompt_tokens=a.max_prompt_tokens, splits=tuple(a.splits),
                         require_clean_git=a.require_clean_git, positive_control_n=a.positive_control_n, seed=a.seed)
