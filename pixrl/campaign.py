@@ -2,9 +2,9 @@
 
 # %% ../nbs/09_campaign.ipynb #3d041d74
 from __future__ import annotations
-import argparse, dataclasses, hashlib, json, os, shutil, subprocess, sys, time, uuid
+import argparse, contextlib, dataclasses, hashlib, json, os, shutil, subprocess, sys, time, uuid
 from pathlib import Path
-from .core import cache_dir, repo_root, set_seed
+from .core import cache_dir, read_json, repo_root, set_seed, write_text_atomic
 from .reward import DEFAULT_REWARD, REWARD_POLICIES
 
 # %% auto #0
@@ -12,7 +12,8 @@ __all__ = ['LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_S
            'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'SCALE_REWARDS', 'LOSS_TYPES', 'Arm', 'Stage', 'RunPlan', 'build_plan',
            'operating_point', 'gate_absolute', 'gate_relative', 'CampaignConfig', 'validate', 'load_state',
            'save_state', 'ckpt_dir', 'init_state', 'stage_input', 'trl_settings', 'token_budget', 'run_preflight_stage',
-           'campaign_reward', 'canary_probe', 'run_stage', 'run_campaign', 'probe_points', 'cli_main']
+           'campaign_reward', 'canary_probe', 'run_stage', 'CampaignBusy', 'run_dir_lock', 'run_campaign',
+           'probe_points', 'cli_main']
 
 # %% ../nbs/09_campaign.ipynb #7840ec06
 LEVELS = (0, 1, 2, 3, 4)
@@ -253,7 +254,7 @@ def validate(cfg: CampaignConfig) -> RunPlan:
                              "think (no thinking chat template); use arm A/B for this model")
     st = cfg.run_dir / "state.json"
     if st.exists():
-        old = json.loads(st.read_text())
+        old = read_json(st, "campaign state")
         if old.get("fingerprint") != cfg.fingerprint():
             raise ValueError(f"{cfg.run_dir} already holds a different campaign (arm {old.get('config', {}).get('arm')!r}, "
                              f"fingerprint {old.get('fingerprint')}) != this one ({cfg.fingerprint()}); "
@@ -265,13 +266,11 @@ def _now():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 def load_state(run_dir) -> dict:
-    return json.loads((Path(run_dir) / "state.json").read_text())
+    "The campaign state of `run_dir`; a truncated or damaged state.json is refused, naming the file."
+    return read_json(Path(run_dir) / "state.json", "campaign state")
 
 def save_state(run_dir, state: dict) -> None:
-    p = Path(run_dir) / "state.json"
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    os.replace(tmp, p)
+    write_text_atomic(Path(run_dir) / "state.json", json.dumps(state, indent=1))
 
 def ckpt_dir(state: dict, k: int | str) -> Path:
     "Where stage k's checkpoints and final weights live (outside git)."
@@ -302,7 +301,7 @@ def init_state(cfg: CampaignConfig, plan: RunPlan) -> dict:
     if cfg.fork_from:
         _seed_fork(st, cfg, plan)
     save_state(rd, st)
-    (rd / "config.json").write_text(json.dumps(st["config"], indent=1))
+    write_text_atomic(rd / "config.json", json.dumps(st["config"], indent=1))
     return st
 
 def _seed_fork(st: dict, cfg: CampaignConfig, plan: RunPlan) -> None:
@@ -358,7 +357,7 @@ def run_preflight_stage(state: dict, run_dir: Path) -> dict:
     report = run_preflight(tokenizer=pol.tokenizer, prompt_spec=pol.prompt_spec, prompt_fn=pol.prompt,
                            max_prompt_tokens=token_budget(pol, op["max_new_tokens"]), splits=("train", "validation"),
                            require_clean_git=False, positive_control_n=c.get("preflight_control_n", 40), seed=c["seed"])
-    (Path(run_dir) / "preflight.json").write_text(json.dumps(report.to_json(), indent=1))
+    write_text_atomic(Path(run_dir) / "preflight.json", json.dumps(report.to_json(), indent=1))
     report.raise_if_failed()
     return report.to_json()
 
@@ -403,7 +402,7 @@ def run_stage(run_dir, k) -> dict:
     op = operating_point(c)
     if k == "base" or not (state["base_probe"] or (run_dir / "stage_base.json").exists()):
         # the campaign-start probe runs in the first stage's process (one interpreter start less)
-        (run_dir / "stage_base.json").write_text(json.dumps({"probe": _probe(state, state["model_path"], "base")}))
+        write_text_atomic(run_dir / "stage_base.json", json.dumps({"probe": _probe(state, state["model_path"], "base")}))
         if k == "base":
             return {"probe": "probe_base.json"}
     k = int(k)
@@ -428,11 +427,11 @@ def run_stage(run_dir, k) -> dict:
                        temperature=c["temperature"], max_new_tokens=op["max_new_tokens"], seed=c["seed"],
                        save_steps=c["save_steps"], replay_tasks=replay, replay_share=s["replay_share"], callbacks=cbs,
                        thinking=op["thinking"], reward=campaign_reward(c), **trl_settings(c))
-    (run_dir / f"metrics_{k}.json").write_text(json.dumps(res["log_history"], indent=0))
+    write_text_atomic(run_dir / f"metrics_{k}.json", json.dumps(res["log_history"], indent=0))
     name = _probe(state, res["final_dir"], k)
     out = {"probe": name, **{x: res[x] for x in ("final_dir", "global_step", "resumed_from_step", "seconds", "n_rows")},
            "time_shares": res.get("time_shares"), "operating_point": op}
-    (run_dir / f"stage_{k}.json").write_text(json.dumps(out, indent=1))
+    write_text_atomic(run_dir / f"stage_{k}.json", json.dumps(out, indent=1))
     return out
 
 # %% ../nbs/09_campaign.ipynb #7c91feb3
@@ -451,13 +450,13 @@ def _gate(state: dict, k: int, run_dir: Path, exec_slack: float) -> tuple[bool, 
     s = state["plan"][k]
     if not s["gate"]:
         return None
-    post = json.loads((run_dir / state["stages"][k]["probe"]).read_text())
+    post = read_json(run_dir / state["stages"][k]["probe"], "probe")
     if s["gate"] == "absolute":
-        base = json.loads((run_dir / state["base_probe"]).read_text())
+        base = read_json(run_dir / state["base_probe"], "probe")
         return gate_absolute(post, base, 0)
     ref_name = next((state["stages"][j]["probe"] for j in range(k - 1, -1, -1)
                      if state["stages"][j]["status"] in ("done", "forked")), state["base_probe"])
-    ref = json.loads((run_dir / ref_name).read_text())
+    ref = read_json(run_dir / ref_name, "probe")
     return gate_relative(post, ref, s["level"], exec_slack)
 
 def _short(path: str) -> str:
@@ -467,16 +466,48 @@ def _short(path: str) -> str:
 def _reint(d):
     return {int(L): v for L, v in d.items()}
 
+class CampaignBusy(RuntimeError):
+    "Another process holds the run directory's lock."
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir):
+    "Hold the exclusive lock `<run_dir>/.lock` (non-blocking: a held lock raises `CampaignBusy` naming it)."
+    import fcntl
+    rd = Path(run_dir)
+    rd.mkdir(parents=True, exist_ok=True)
+    path = rd / ".lock"
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise CampaignBusy(f"{path} is held by another campaign (pid {holder}) running in {rd}; "
+                           "wait for it to finish or stop it, or choose another runs_root/name") from None
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        yield path
+    finally:
+        f.close()
+
 def run_campaign(cfg: CampaignConfig, verbose: bool = True) -> dict:
-    "Run (or resume) the campaign `cfg`; returns the final state."
+    "Run (or resume) the campaign `cfg` under the run directory's lock; returns the final state."
     plan = validate(cfg)
+    with run_dir_lock(cfg.run_dir):
+        return _run_locked(cfg, plan, verbose)
+
+def _run_locked(cfg: CampaignConfig, plan: RunPlan, verbose: bool) -> dict:
     state = init_state(cfg, plan)
     rd = cfg.run_dir
     log = rd / "campaign.log"
     say = (lambda *a: print("[campaign]", *a, flush=True)) if verbose else (lambda *a: None)
     def _base_done():
         if not state["base_probe"] and (rd / "stage_base.json").exists():
-            state["base_probe"] = json.loads((rd / "stage_base.json").read_text())["probe"]
+            state["base_probe"] = read_json(rd / "stage_base.json", "stage record")["probe"]
             save_state(rd, state)
     _base_done()
     if not state.get("preflight_passed"):      # once per campaign, before anything trains; no entry point skips it
@@ -501,7 +532,7 @@ def run_campaign(cfg: CampaignConfig, verbose: bool = True) -> dict:
             say("base probe (in the first stage's process)")
         _sub(rd, k, log)
         _base_done()
-        out = json.loads((rd / f"stage_{k}.json").read_text())
+        out = read_json(rd / f"stage_{k}.json", "stage record")
         rec.update(out)
         g = _gate(state, k, rd, cfg.exec_slack)
         rec["status"] = "done" if g is None or g[0] else "gate_failed"
@@ -518,10 +549,10 @@ def run_campaign(cfg: CampaignConfig, verbose: bool = True) -> dict:
 def probe_points(state: dict, run_dir) -> list[tuple[str, dict]]:
     "[(label, probe result)] — the base probe then one point per finished stage."
     rd = Path(run_dir)
-    pts = [("base", json.loads((rd / state["base_probe"]).read_text()))]
+    pts = [("base", read_json(rd / state["base_probe"], "probe"))]
     for s in state["stages"]:
         if s.get("probe") and s["status"] in ("done", "gate_failed", "forked"):
-            r = json.loads((rd / s["probe"]).read_text())
+            r = read_json(rd / s["probe"], "probe")
             pts.append((s["name"] + ("" if s["status"] != "gate_failed" else " (gate failed)"), r))
     for _, r in pts:
         r["per_level"] = _reint(r["per_level"])
@@ -555,7 +586,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     cfg = CampaignConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(CampaignConfig)})
     try:
         st = run_campaign(cfg)
-    except ValueError as e:
+    except (ValueError, CampaignBusy) as e:          # bad settings, a damaged record, a run directory in use
         print(f"pixrl campaign: {e}", file=sys.stderr)
         return 2
     print(json.dumps([{k: s.get(k) for k in ("name", "status", "global_step")} for s in st["stages"]]))

@@ -3,13 +3,14 @@
 # %% ../nbs/99_core.ipynb #53a6e3f2
 from __future__ import annotations
 import datetime as _dt
+import json
 import os, platform, random, subprocess, sys, time
 from importlib import metadata
 from pathlib import Path
 
 # %% auto #0
 __all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'PIXRL_META', 'repo_root', 'cache_dir', 'git_state',
-           'package_versions', 'run_record', 'Timer', 'set_seed']
+           'package_versions', 'run_record', 'Timer', 'set_seed', 'CorruptRecord', 'write_text_atomic', 'read_json']
 
 # %% ../nbs/99_core.ipynb #5141a9af
 IN_TEST = bool(os.environ.get("IN_TEST"))  # set by nbdev_test: shrink notebook defaults under it
@@ -91,3 +92,35 @@ def set_seed(seed: int) -> None:
         torch.manual_seed(seed)
     except ImportError:
         pass
+
+# %% ../nbs/99_core.ipynb #597bff9a
+class CorruptRecord(ValueError):
+    "A run record (state, stage, probe json) that cannot be parsed; the message names the file."
+
+def write_text_atomic(path, text: str) -> Path:
+    "Write `text` to `path` whole or not at all (temporary file in the same folder, fsync, rename)."
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return p
+
+def read_json(path, what: str = "record"):
+    "Parse the JSON file `path`; a missing or damaged file raises an error naming it (never an empty default)."
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{what} {p} does not exist")
+    text = p.read_text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CorruptRecord(f"{what} {p} is not valid JSON ({e.msg} at char {e.pos} of {len(text)}): it was "
+                            "truncated or edited; restore it from git or delete the run directory to start afresh") from None
+

@@ -131,14 +131,17 @@ def lora_config(rank: int) -> LoraConfig | None:
     return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
 
 def last_checkpoint(out_dir) -> str | None:
-    """The newest *complete* Trainer checkpoint in `out_dir` (one with `trainer_state.json`, which the Trainer writes
-    last); incomplete ones — a process killed mid-save — are removed so they are never resumed from."""
+    """The newest *complete* Trainer checkpoint in `out_dir`: one whose `trainer_state.json` (which the Trainer writes
+    last) parses. Incomplete ones — a process killed mid-save, a write refused part-way — are removed so they are
+    never resumed from; the search falls back to the previous checkpoint."""
     import shutil
     ck = sorted(Path(out_dir).glob("checkpoint-*"), key=lambda p: int(p.name.rsplit("-", 1)[1]), reverse=True)
     for c in ck:
-        if (c / "trainer_state.json").exists():
+        try:
+            json.loads((c / "trainer_state.json").read_text())
             return str(c)
-        shutil.rmtree(c, ignore_errors=True)
+        except (OSError, ValueError):
+            shutil.rmtree(c, ignore_errors=True)
     return None
 
 def _common_args(out_dir, steps, lr, seed, save_steps) -> dict:
@@ -166,11 +169,19 @@ def grpo_config(out_dir, steps: int, *, lr: float, num_generations: int, groups_
 
 # %% ../nbs/07_grpo.ipynb #02122d30
 def _train_resumable(trainer, policy, out_dir: Path, meta: dict) -> dict:
-    "Train from the last complete checkpoint in `out_dir` (none: from scratch), then save metrics and final weights."
+    """Train from the last complete checkpoint in `out_dir` (none: from scratch), then save metrics and final weights.
+    A checkpoint at the stage's last step (training ended, the final save was lost) is loaded, not trained on:
+    `Trainer.train(resume_from_checkpoint=...)` would run one step past `max_steps` (tests/test_faults.py)."""
+    from transformers import TrainerState
     last = last_checkpoint(out_dir)
     resumed = int(last.rsplit("-", 1)[1]) if last else 0
     t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=last)
+    done = TrainerState.load_from_json(str(Path(last) / "trainer_state.json")) if last else None
+    if done is not None and done.max_steps > 0 and done.global_step >= done.max_steps:
+        trainer._load_from_checkpoint(last)
+        trainer.state = done
+    else:
+        trainer.train(resume_from_checkpoint=last)
     hist = trainer.state.log_history
     (out_dir / "metrics.json").write_text(json.dumps(hist, indent=0))
     final = _finish(trainer, policy, out_dir, meta)

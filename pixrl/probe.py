@@ -6,6 +6,7 @@ import json, math
 from pathlib import Path
 import numpy as np
 import pandas as pd
+from .core import write_text_atomic
 from .tasks import load_split, LEVELS
 from .evaluator import evaluate_many
 from .reward import rect_baseline, shaped_breakdown, extract_program, raw_iou, DEFAULT_REWARD, REWARD_POLICIES, SHAPED_POLICIES
@@ -78,7 +79,7 @@ def save_probe(result: dict, path) -> Path:
     "Strict JSON (no NaN) of a probe result."
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(result, indent=1, allow_nan=False))
+    write_text_atomic(p, json.dumps(result, indent=1, allow_nan=False))
     return p
 
 # %% ../nbs/08_probe.ipynb #25acf7fa

@@ -8,8 +8,10 @@ from pathlib import Path
 from .core import git_state
 
 # %% auto #0
-__all__ = ['ADAPTER_REQUIRED', 'ADAPTER_WEIGHTS', 'PROBE_METRICS', 'sha256_file', 'weights_digest', 'check_adapter', 'probe_rows',
-           'load_probe_points', 'model_card', 'make_release', 'cli_main']
+__all__ = ['ADAPTER_REQUIRED', 'ADAPTER_WEIGHTS', 'PROBE_METRICS', 'AGENT_LOOP_LINES', 'FINISHED', 'sha256_file',
+           'weights_digest', 'check_adapter', 'probe_rows', 'load_probe_points', 'model_card', 'make_release',
+           'released_stage', 'lineage', 'base_identity', 'chain_rows', 'auto_tokenizer_check', 'campaign_card',
+           'campaign_summary', 'make_campaign_release', 'cli_main']
 
 # %% ../nbs/14_release.ipynb #67e0ff67
 ADAPTER_REQUIRED = ("adapter_config.json",)
@@ -91,13 +93,52 @@ def load_probe_points(path) -> tuple[list[tuple[str, dict]], list[Path]]:
     data = _load_json(p, "probe")
     return [(p.stem, data)], [p]
 
-# %% ../nbs/14_release.ipynb #ed210cd8
+# %% ../nbs/14_release.ipynb #2edde34b
 def _f(v, nd=3) -> str:
     return "—" if v is None else f"{v:.{nd}f}" if isinstance(v, float) else str(v)
 
+def _bench_lines(bench: dict) -> list[str]:
+    o, cfg = bench["overall"], bench["config"]
+    lines = [f"## Benchmark ({len(bench['per_family'])} families, {o['n_tasks']} held-out test tasks)", "",
+             f"Model `{bench['model']}`, {cfg['n']} samples per task at temperature {cfg['temperature']}, "
+             f"seed {cfg['seed']}.", "",
+             "| family | tasks | exec rate | mean IoU | best-of-n IoU | mean reward |", "|---|---|---|---|---|---|"]
+    for fam, m in [*bench["per_family"].items(), ("**all**", o)]:
+        lines.append(f"| {fam} | {m['n_tasks']} | {_f(m['exec_rate'])} | {_f(m['mean_iou'])} | "
+                     f"{_f(m['best_of_n_iou'])} | {_f(m['mean_reward'])} |")
+    return lines + [""]
+
+def _loop_lines(loop: dict) -> list[str]:
+    s = loop["summary"]
+    c = loop["config"]
+    return ["## Agent loop (attempt → measure → revise)", "",
+            f"{c['n_init']} initial attempts, then {c['n_rounds']} rounds × {c['n_revisions']} revisions "
+            f"of the champion under number-free feedback, on {s['n_tasks']} tasks: mean champion IoU "
+            f"{_f(s['mean_champion_iou'])} (best of the initial attempts: {_f(s['mean_init_best_iou'])}); "
+            f"{s['n_executable_champions']}/{s['n_tasks']} champions execute.", ""]
+
+def _probe_lines(probe: list[dict]) -> list[str]:
+    lines = ["## Probe curve (the fixed validation probe, per level)", "",
+             "| stage | level | exec rate | mean IoU | mean iou_n | mean reward | best-of-k IoU | token entropy |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['stage']} | L{r['level']} | " + " | ".join(_f(r[k]) for k in PROBE_METRICS) + " |" for r in probe]
+    return lines + [""]
+
+AGENT_LOOP_LINES = ["Then drive the agent loop against the server (any OpenAI-compatible `/v1/completions`):", "", "```",
+                    "python -m pixrl.agent_loop --base-url http://127.0.0.1:8000 --model MODEL_NAME --raster 16 "
+                    "--no-api-doc --out loop.json", "```", ""]
+
+def _evidence_lines(records: dict[str, dict], digests: list[str]) -> list[str]:
+    lines = ["## Evidence", "", f"Data release digest: {', '.join(f'`{d}`' for d in digests) or '—'}", "",
+             "| record | file | sha256 | commit | dirty |", "|---|---|---|---|---|"]
+    for label, r in records.items():
+        lines.append(f"| {label} | `{r['path']}` | `{r['sha256'][:16]}` | `{r.get('commit')}` | {r.get('dirty')} |")
+    return lines
+
+# %% ../nbs/14_release.ipynb #ed210cd8
 def model_card(name: str, adapter_cfg: dict, bench: dict | None, probe: list[dict] | None,
                loop: dict | None, records: dict[str, dict], has_merged: bool, rewards: dict | None = None) -> str:
-    "Markdown model card from the evidence alone (records: label → {path, sha256, commit, dirty})."
+    "Markdown model card of an adapter release from the evidence alone (records: label → {path, sha256, commit, dirty})."
     base = adapter_cfg.get("base_model_name_or_path")
     digests = sorted({r.get("data_digest") for r in (bench, loop) if r} - {None})
     lines = [f"# {name}", "",
@@ -108,29 +149,11 @@ def model_card(name: str, adapter_cfg: dict, bench: dict | None, probe: list[dic
     if rewards:
         lines += ["Reward policies (`pixrl.reward`): " + "; ".join(f"{k}: `{v}`" for k, v in rewards.items()) + ".", ""]
     if bench:
-        o, cfg = bench["overall"], bench["config"]
-        lines += [f"## Benchmark ({len(bench['per_family'])} families, {o['n_tasks']} held-out test tasks)", "",
-                  f"Model `{bench['model']}`, {cfg['n']} samples per task at temperature {cfg['temperature']}, "
-                  f"seed {cfg['seed']}.", "",
-                  "| family | tasks | exec rate | mean IoU | best-of-n IoU | mean reward |", "|---|---|---|---|---|---|"]
-        for fam, m in [*bench["per_family"].items(), ("**all**", o)]:
-            lines.append(f"| {fam} | {m['n_tasks']} | {_f(m['exec_rate'])} | {_f(m['mean_iou'])} | "
-                         f"{_f(m['best_of_n_iou'])} | {_f(m['mean_reward'])} |")
-        lines.append("")
+        lines += _bench_lines(bench)
     if loop:
-        s = loop["summary"]
-        c = loop["config"]
-        lines += ["## Agent loop (attempt → measure → revise)", "",
-                  f"{c['n_init']} initial attempts, then {c['n_rounds']} rounds × {c['n_revisions']} revisions "
-                  f"of the champion under number-free feedback, on {s['n_tasks']} tasks: mean champion IoU "
-                  f"{_f(s['mean_champion_iou'])} (best of the initial attempts: {_f(s['mean_init_best_iou'])}); "
-                  f"{s['n_executable_champions']}/{s['n_tasks']} champions execute.", ""]
+        lines += _loop_lines(loop)
     if probe:
-        lines += ["## Probe curve (the fixed validation probe, per level)", "",
-                  "| stage | level | exec rate | mean IoU | mean iou_n | mean reward | best-of-k IoU | token entropy |",
-                  "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['stage']} | L{r['level']} | " + " | ".join(_f(r[k]) for k in PROBE_METRICS) + " |" for r in probe]
-        lines.append("")
+        lines += _probe_lines(probe)
     lines += ["## Serving", "",
               "`pixrl serve` reads this folder's `version.json` (the layout `pixrl.serve.export_adapter` writes): "
               "on CPU it runs `transformers serve merged/` (a bare adapter cannot be mounted there), on a GPU "
@@ -139,34 +162,21 @@ def model_card(name: str, adapter_cfg: dict, bench: dict | None, probe: list[dic
               f"vllm serve {base} --enable-lora --lora-modules {name}=RELEASE_DIR/adapter   # GPU, by hand", "```", "",
               f"The adapter's base is `{base}` (its `adapter_config.json`); "
               + ("`merged/` is the complete policy with the adapter folded in." if has_merged else
-                 "no merged model is included, so CPU serving needs the base model."), "",
-              "Then drive the agent loop against the server (any OpenAI-compatible `/v1/completions`):", "", "```",
-              "python -m pixrl.agent_loop --base-url http://127.0.0.1:8000 --model MODEL_NAME --raster 16 "
-              "--no-api-doc --out loop.json", "```", "",
-              "## Evidence", "",
-              f"Data release digest: {', '.join(f'`{d}`' for d in digests) or '—'}", "",
-              "| record | file | sha256 | commit | dirty |", "|---|---|---|---|---|"]
-    for label, r in records.items():
-        lines.append(f"| {label} | `{r['path']}` | `{r['sha256'][:16]}` | `{r.get('commit')}` | {r.get('dirty')} |")
+                 "no merged model is included, so CPU serving needs the base model."), ""]
+    lines += AGENT_LOOP_LINES + _evidence_lines(records, digests)
     return "\n".join(lines) + "\n"
 
-# %% ../nbs/14_release.ipynb #3741fcb9
+# %% ../nbs/14_release.ipynb #88861e08
 def _record_meta(path, data: dict) -> dict:
     run = data.get("run") or {}
     return {"path": str(path), "sha256": sha256_file(path), "commit": run.get("commit", data.get("commit")),
             "dirty": run.get("dirty", data.get("dirty"))}
 
-def make_release(adapter, out, *, bench=None, probe=None, loop=None, merged=None, name=None,
-                 overwrite: bool = False) -> dict:
-    "Copy the adapter (+ merged model) into `out`, write `README.md` and `release.json`; returns the manifest."
-    cfg = check_adapter(adapter)
-    if bench is None and probe is None:
-        raise ValueError("a release needs evidence: give --bench (a pixrl.bench record) and/or --probe")
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"--out {str(out)!r} exists and is not empty (pass --overwrite to replace it)")
-    name = name or Path(adapter).resolve().name
-    records, bench_d, loop_d, probe_r, rewards = {}, None, None, None, {}
+def _evidence(bench=None, loop=None, probe=None) -> dict:
+    """The evidence records of a release, loaded and checked: {bench, loop, probe (rows), records, rewards,
+    data_digest}. ValueError for a record of the wrong kind or records that disagree on the data release."""
+    records, rewards = {}, {}
+    bench_d = loop_d = probe_r = None
     if bench is not None:
         bench_d = _load_json(bench, "bench")
         if bench_d.get("kind") != "pixrl.bench":
@@ -187,6 +197,31 @@ def make_release(adapter, out, *, bench=None, probe=None, loop=None, merged=None
     digests = {r["data_digest"] for r in (bench_d, loop_d) if r and r.get("data_digest")}
     if len(digests) > 1:
         raise ValueError(f"evidence records disagree on the data release: {sorted(digests)}")
+    return {"bench": bench_d, "loop": loop_d, "probe": probe_r, "records": records, "rewards": rewards,
+            "data_digest": next(iter(digests), None)}
+
+def _empty_out(out, overwrite: bool) -> Path:
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"--out {str(out)!r} exists and is not empty (pass --overwrite to replace it)")
+    return out
+
+def _write_manifest(out: Path, manifest: dict) -> dict:
+    "Add sha256 of every file under `out` to `manifest` and write it as `out/release.json`."
+    manifest["files"] = {str(p.relative_to(out)): sha256_file(p) for p in sorted(out.rglob("*")) if p.is_file()}
+    (out / "release.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+# %% ../nbs/14_release.ipynb #3741fcb9
+def make_release(adapter, out, *, bench=None, probe=None, loop=None, merged=None, name=None,
+                 overwrite: bool = False) -> dict:
+    "Copy the adapter (+ merged model) into `out`, write `README.md` and `release.json`; returns the manifest."
+    cfg = check_adapter(adapter)
+    if bench is None and probe is None:
+        raise ValueError("a release needs evidence: give --bench (a pixrl.bench record) and/or --probe")
+    out = _empty_out(out, overwrite)
+    name = name or Path(adapter).resolve().name
+    ev = _evidence(bench, loop, probe)
     if merged is not None and not (Path(merged) / "config.json").is_file():
         raise ValueError(f"--merged {str(merged)!r} has no config.json (expected a merged model folder)")
     if out.exists():
@@ -194,39 +229,273 @@ def make_release(adapter, out, *, bench=None, probe=None, loop=None, merged=None
     shutil.copytree(adapter, out / "adapter")
     if merged is not None:
         shutil.copytree(merged, out / "merged")
-    card = model_card(name, cfg, bench_d, probe_r, loop_d, records, merged is not None, rewards)
+    card = model_card(name, cfg, ev["bench"], ev["probe"], ev["loop"], ev["records"], merged is not None, ev["rewards"])
     (out / "README.md").write_text(card)
     gs = git_state()
     version = {"version": name, "commit": gs.get("commit") or "uncommitted", "dirty": gs.get("dirty"),
-               "data_digest": next(iter(digests), None), "base_model": cfg.get("base_model_name_or_path"),
+               "data_digest": ev["data_digest"], "base_model": cfg.get("base_model_name_or_path"),
                "lora": {"r": cfg.get("r"), "alpha": cfg.get("lora_alpha"),
                         "target_modules": sorted(cfg.get("target_modules") or [])},
-               "train_config": {}, "metrics": (bench_d or {}).get("overall", {}),
+               "train_config": {}, "metrics": (ev["bench"] or {}).get("overall", {}),
                "layout": {"adapter": "adapter", "merged": "merged" if merged is not None else None}}
     (out / "version.json").write_text(json.dumps(version, indent=2) + "\n")  # what `pixrl serve` reads
-    files = {str(p.relative_to(out)): sha256_file(p) for p in sorted(out.rglob("*")) if p.is_file()}
-    manifest = {"kind": "pixrl.release", "version": 1, "name": name,
-                "base_model": cfg.get("base_model_name_or_path"), "files": files, "evidence": records,
-                "data_digest": next(iter(digests), None), "released_at_commit": gs}
-    (out / "release.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    return manifest
+    manifest = {"kind": "pixrl.release", "version": 1, "name": name, "form": "adapter",
+                "base_model": cfg.get("base_model_name_or_path"), "evidence": ev["records"],
+                "data_digest": ev["data_digest"], "released_at_commit": gs}
+    return _write_manifest(out, manifest)
 
+# %% ../nbs/14_release.ipynb #0c17c1b9
+FINISHED = ("done", "forked")   # stage statuses whose final weights a later stage starts from (pixrl.campaign.stage_input)
+
+def released_stage(state: dict) -> int:
+    "Index of the stage whose final weights are the campaign's policy: the last one 'done' or 'forked'."
+    done = [k for k, s in enumerate(state["stages"]) if s.get("status") in FINISHED and s.get("final_dir")]
+    if not done:
+        statuses = {s["name"]: s.get("status") for s in state["stages"]}
+        raise ValueError(f"campaign {state.get('campaign_id')!r} has no finished stage to release (statuses: "
+                         f"{statuses}); a release needs a stage that is {' or '.join(FINISHED)}")
+    return done[-1]
+
+def lineage(state: dict, k: int) -> list[int]:
+    """The stages whose training is in stage `k`'s weights, in training order: each stage's `input` is the
+    `final_dir` of the one before it, back to the campaign's base (`model_path`)."""
+    chain = [k]
+    start = state["stages"][k].get("input")
+    while start != state["model_path"]:
+        j = next((j for j in range(chain[0]) if state["stages"][j].get("final_dir") == start), None)
+        if j is None:
+            raise ValueError(f"stage {state['stages'][chain[0]]['name']!r} started from {start!r}, which is neither "
+                             f"the campaign's base ({state['model_path']!r}) nor an earlier stage's final weights")
+        chain.insert(0, j)
+        start = state["stages"][j].get("input")
+    return chain
+
+# %% ../nbs/14_release.ipynb #2d1490b9
+def _is_hub_id(model: str) -> bool:
+    return model.count("/") == 1 and not model.startswith((".", "/", "~")) and not Path(model).exists()
+
+def base_identity(model: str, model_path: str) -> dict:
+    """{name, sha256, get}: the base a campaign started from, as a user can get it. `model` is the campaign
+    config's `model`, `model_path` where it was when training began; sha256 is of `model.safetensors`
+    (`pixrl.policy.model_dir_sha256`): the committed record when there is one, else the folder's own."""
+    from pixrl.core import BASE_NAME, TINY_NAME
+    from pixrl.policy import model_dir_sha256, recorded_sha256
+    here = model_dir_sha256(model_path) if (Path(model_path) / "model.safetensors").is_file() else None
+    if model in (BASE_NAME, TINY_NAME):
+        recorded = recorded_sha256(model)
+        if recorded and here and recorded != here:
+            raise ValueError(f"the campaign's base {model!r} at {model_path!r} has weights sha256 {here}, not the "
+                             f"committed record {recorded} (data/models/SHA256SUMS): which base it started from is unknown")
+        get = f"committed in the pixrl repository at `data/models/{model}`"
+        if recorded:
+            get += ", its sha256 in `data/models/SHA256SUMS`"
+        return {"name": model, "sha256": recorded or here, "get": get}
+    if _is_hub_id(model):
+        return {"name": model, "sha256": here, "get": f"the Hugging Face model `{model}`"}
+    return {"name": Path(model).name, "sha256": here, "get": "a local model folder of the machine that trained it (not published)"}
+
+# %% ../nbs/14_release.ipynb #e5d6b97c
+def chain_rows(state: dict, k: int) -> list[dict]:
+    "One row per planned stage: name, kind, level, planned steps (rl) or epochs (sft), status, steps trained, in stage k's weights."
+    kept = set(lineage(state, k))
+    rows = []
+    for j, (plan, rec) in enumerate(zip(state["plan"], state["stages"])):
+        planned = f"{plan['steps']} steps" if plan["kind"] == "rl" else f"{plan['epochs']:g} epochs"
+        rows.append({"stage": rec["name"], "kind": plan["kind"], "level": plan["level"], "planned": planned,
+                     "status": rec.get("status"), "trained_steps": rec.get("global_step"), "in_weights": j in kept})
+    return rows
+
+# %% ../nbs/14_release.ipynb #f800072a
+def auto_tokenizer_check(model_dir) -> dict:
+    """Does `AutoTokenizer` give the ids of the tokenizer the policy was trained with (`pixrl.policy.load_tokenizer`)
+    on the first probe prompt? {matches, auto_class, n_auto, n_saved}."""
+    from transformers import AutoTokenizer
+    from pixrl.policy import load_tokenizer, model_meta
+    from pixrl.probe import probe_tasks
+    from pixrl.prompt import PromptSpec, prompt_text
+    text = prompt_text(probe_tasks(1)[0], PromptSpec(**model_meta(str(model_dir)).get("prompt_spec", {})))
+    auto = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    ids_auto = auto(text, add_special_tokens=False)["input_ids"]
+    ids_saved = load_tokenizer(model_dir)(text, add_special_tokens=False)["input_ids"]
+    return {"matches": ids_auto == ids_saved, "auto_class": type(auto).__name__, "n_auto": len(ids_auto),
+            "n_saved": len(ids_saved)}
+
+# %% ../nbs/14_release.ipynb #860732f7
+def _mb(n) -> str:
+    return "—" if n is None else f"{n / 1e6:.1f} MB"
+
+def _why_merged(s: dict) -> str:
+    "Why the release is the merged model rather than the base + the ordered adapters of every stage."
+    from pixrl.core import BASE_NAME, TINY_NAME
+    trained = f"a rank-{s['lora_rank']} LoRA" if s["lora_rank"] else "all weights (full fine-tuning)"
+    why = (f"The stages chain on merged weights: each trains {trained} on the previous stage's weights and merges it "
+           "before the next starts, and pixrl keeps each stage's merged `final/`, not its adapter, so the merged model "
+           "is the one exact form of this policy.")
+    if s["base"]["name"] in (BASE_NAME, TINY_NAME):
+        why += (f" For pixrl's own small models it is also the smaller form: the merged model is {_mb(s['merged_bytes'])} "
+                f"and the base alone {_mb(s['base_bytes'])}, so the base plus the adapters could only be larger.")
+    return why
+
+def _load_lines(s: dict) -> list[str]:
+    t = s["tokenizer"]
+    if t["matches"]:
+        note = (f"`AutoTokenizer` (`{t['auto_class']}`) gives the same ids as the saved tokenizer on the first probe "
+                f"prompt ({t['n_saved']} tokens), so it loads this policy too.")
+    else:
+        note = (f"Load the tokenizer with `PreTrainedTokenizerFast` (or `pixrl.policy.load_tokenizer`), not `AutoTokenizer`: "
+                f"on this model `AutoTokenizer` returns `{t['auto_class']}`, which splits the first probe prompt into "
+                f"{t['n_auto']} tokens where the saved `tokenizer.json` the policy was trained with gives {t['n_saved']}. "
+                "`transformers serve` loads its tokenizer that way too, so a served copy sees prompts tokenized "
+                "differently from training.")
+    return ["## Loading", "", "```python", "from pixrl.policy import load_policy", "from pixrl.probe import probe_tasks",
+            'policy = load_policy("RELEASE_DIR/merged")     # model, tokenizer and the prompt spec it was trained with',
+            "task = probe_tasks(1)[0]", "print(policy.generate([policy.prompt(task)], temperature=0)[0][0])   # greedy",
+            "```", "", "With transformers alone (the prompt text is `pixrl.prompt.prompt_text(task, spec)`, the spec in "
+            "`merged/pixrl.json`):", "", "```python", "from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast",
+            'model = AutoModelForCausalLM.from_pretrained("RELEASE_DIR/merged")',
+            'tokenizer = PreTrainedTokenizerFast.from_pretrained("RELEASE_DIR/merged")', "```", "", note, ""]
+
+def campaign_card(name: str, s: dict, bench: dict | None, probe: list[dict] | None, loop: dict | None,
+                  records: dict[str, dict], rewards: dict | None = None) -> str:
+    "Markdown model card of a campaign release from its summary `s` (what `release.json` records) and the evidence."
+    b = s["base"]
+    digests = sorted({r.get("data_digest") for r in (bench, loop, s) if r} - {None})
+    kept = [r for r in s["chain"] if r["in_weights"]]
+    lines = [f"# {name}", "",
+             f"The policy of pixrl campaign `{s['campaign_id']}` (arm {s['arm']}) after its stage `{s['stage']}`: a "
+             f"complete causal language model in `merged/` ({_mb(s['merged_bytes'])}) with its tokenizer and the pixrl "
+             "prompt spec it was trained with (`merged/pixrl.json`); it loads from this folder alone. It was trained by "
+             "pixrl on the sealed `depth-v1` curriculum: the policy sees a target layout image and writes a program in "
+             "pixrl's geometry language that redraws it.", "",
+             "Every number below is copied by `pixrl release` from the evidence records listed at the end.", ""]
+    if rewards:
+        lines += ["Reward policies (`pixrl.reward`): " + "; ".join(f"{k}: `{v}`" for k, v in rewards.items()) + ".", ""]
+    lines += ["## What is released", "",
+              f"The campaign started from `{b['name']}` ({b['get']}; weights sha256 `{b['sha256'] or 'unknown'}`) and "
+              "trained " + " → ".join(f"`{r['stage']}` ({r['trained_steps']} steps)" for r in kept) + ".", "",
+              _why_merged(s), "", f"Weights of this release: `merged/` (`pixrl.release.weights_digest` `{s['weights_sha256']}`).", "",
+              "| stage | kind | level | planned | status | steps trained | in these weights |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['stage']} | {r['kind']} | L{r['level']} | {r['planned']} | {r['status']} | {_f(r['trained_steps'])} | "
+              f"{'yes' if r['in_weights'] else 'no'} |" for r in s["chain"]]
+    lines += [""] + _load_lines(s)
+    if probe:
+        lines += _probe_lines(probe)
+    if bench:
+        lines += _bench_lines(bench)
+    if loop:
+        lines += _loop_lines(loop)
+    lines += ["## Serving", "",
+              "`merged/` is a full model: `pixrl serve` runs `transformers serve RELEASE_DIR/merged` (CPU), and vLLM "
+              "serves it directly, without `--enable-lora` (`pixrl serve --backend vllm` mounts adapters, and this "
+              "release has none).", "", "```",
+              "pixrl serve RELEASE_DIR --backend transformers --port 8000   # prints the model name to use in requests",
+              "vllm serve RELEASE_DIR/merged --port 8000                    # GPU, by hand", "```", ""]
+    lines += AGENT_LOOP_LINES + _evidence_lines(records, digests)
+    return "\n".join(lines) + "\n"
+
+# %% ../nbs/14_release.ipynb #72d3cb00
+def _weights_bytes(folder) -> int | None:
+    files = [p for p in Path(folder).glob("*.safetensors") if p.is_file()]
+    return sum(p.stat().st_size for p in files) if files else None
+
+def campaign_summary(run_dir) -> tuple[dict, Path]:
+    """(summary, final weights folder) of the campaign in `run_dir`: id, arm, config, the released stage, the base,
+    the chain and the weights' size and digest. ValueError for a folder without state.json, a campaign with no
+    finished stage, or final weights that are not on this machine."""
+    rd = Path(run_dir)
+    if not (rd / "state.json").is_file():
+        raise ValueError(f"--campaign {str(rd)!r} has no state.json; expected a campaign run folder (runs/<name>)")
+    from pixrl.campaign import load_state
+    state = load_state(rd)
+    k = released_stage(state)
+    final = Path(state["stages"][k]["final_dir"])
+    if not (final / "config.json").is_file() or _weights_bytes(final) is None:
+        raise ValueError(f"the final weights of stage {state['stages'][k]['name']!r} are not on this machine: "
+                         f"{str(final)!r} is missing (the stage's final_dir, in the PIXRL_CACHE of the machine that "
+                         "trained it); release on that machine, or copy that folder to this path")
+    summary = {"campaign_id": state["campaign_id"], "arm": state["config"]["arm"], "config": state["config"],
+               "stage": state["stages"][k]["name"], "stage_index": k,
+               "base": base_identity(state["config"]["model"], state["model_path"]), "chain": chain_rows(state, k),
+               "lora_rank": state["config"].get("lora_rank"), "merged_bytes": _weights_bytes(final),
+               "base_bytes": _weights_bytes(state["model_path"]), "weights_sha256": weights_digest(final)}
+    return summary, final
+
+def _preflight(run_dir) -> tuple[dict | None, str | None]:
+    "(record meta, data release digest) of the campaign's `preflight.json` (data and git checks), or (None, None)."
+    p = Path(run_dir) / "preflight.json"
+    if not p.is_file():
+        return None, None
+    checks = {c["name"]: c.get("detail") or {} for c in _load_json(p, "campaign").get("checks", [])}
+    git = checks.get("git", {})
+    return _record_meta(p, {"commit": git.get("commit"), "dirty": git.get("dirty")}), checks.get("data", {}).get("release_digest")
+
+def _check_measured(record: dict | None, what: str, path, digest: str) -> None:
+    "Refuse a bench / loop record whose `run.model_weights_sha256` names other weights than the released ones."
+    got = ((record or {}).get("run") or {}).get("model_weights_sha256")
+    if got and got != digest:
+        raise ValueError(f"--{what} {str(path)!r} measured weights {got[:16]}…, not this campaign's final weights "
+                         f"{digest[:16]}… (pixrl.release.weights_digest); give the {what} record of this policy")
+
+def make_campaign_release(run_dir, out, *, bench=None, loop=None, name=None, overwrite: bool = False) -> dict:
+    """Copy a campaign's final merged model into `out/merged/`, write `README.md`, `version.json` and `release.json`
+    (the probe curve from the campaign's probe records, the data digest and training commit from its preflight);
+    returns the manifest."""
+    s, final = campaign_summary(run_dir)
+    out = _empty_out(out, overwrite)
+    name = name or f"{Path(run_dir).resolve().name}-{s['stage']}"
+    ev = _evidence(bench, loop, run_dir)
+    _check_measured(ev["bench"], "bench", bench, s["weights_sha256"])
+    _check_measured(ev["loop"], "loop", loop, s["weights_sha256"])
+    preflight, trained_on = _preflight(run_dir)
+    if preflight is not None:
+        ev["records"]["campaign preflight"] = preflight
+    if trained_on and ev["data_digest"] and trained_on != ev["data_digest"]:
+        raise ValueError(f"the evidence measured data release {ev['data_digest']}, but the campaign trained on "
+                         f"{trained_on} (its preflight.json)")
+    s["data_digest"] = trained_on or ev["data_digest"]
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(final, out / "merged")
+    s["tokenizer"] = auto_tokenizer_check(out / "merged")
+    (out / "README.md").write_text(campaign_card(name, s, ev["bench"], ev["probe"], ev["loop"], ev["records"], ev["rewards"]))
+    gs = git_state()
+    version = {"version": name, "commit": gs.get("commit") or "uncommitted", "dirty": gs.get("dirty"),
+               "data_digest": s["data_digest"], "base_model": None, "started_from": s["base"], "lora": None,
+               "train_config": s["config"], "metrics": (ev["bench"] or {}).get("overall", {}),
+               "layout": {"adapter": None, "merged": "merged"}}
+    (out / "version.json").write_text(json.dumps(version, indent=2) + "\n")  # what `pixrl serve` reads
+    manifest = {"kind": "pixrl.release", "version": 2, "name": name, "form": "merged", "load": "merged", **s,
+                "probe_curve": ev["probe"], "bench": (ev["bench"] or {}).get("overall"), "evidence": ev["records"],
+                "released_at_commit": gs}
+    return _write_manifest(out, manifest)
+
+# %% ../nbs/14_release.ipynb #0490e87c
 def cli_main(argv: list[str] | None = None) -> int:
     "`pixrl release ...` (see the module docstring); returns the exit status."
-    ap = argparse.ArgumentParser(prog="pixrl release", description="export a trained adapter with a model card "
-                                 "generated from its evidence records")
-    ap.add_argument("--adapter", required=True, help="peft adapter folder (adapter_config.json + weights)")
+    ap = argparse.ArgumentParser(prog="pixrl release", description="write a release folder (a campaign's final merged "
+                                 "model, or a trained adapter) with a model card generated from its evidence records")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--campaign", help="campaign run folder (state.json): release its last finished stage's merged "
+                     "model, loadable from the release folder alone")
+    src.add_argument("--adapter", help="peft adapter folder (adapter_config.json + weights)")
     ap.add_argument("--out", required=True, help="release folder to write")
     ap.add_argument("--bench", help="benchmark record (runs/<name>/bench.json)")
-    ap.add_argument("--probe", help="campaign run folder (state.json + probe_*.json) or one probe result JSON")
+    ap.add_argument("--probe", help="(--adapter) campaign run folder (state.json + probe_*.json) or one probe result JSON")
     ap.add_argument("--loop", help="agent-loop record (runs/<name>/loop.json)")
-    ap.add_argument("--merged", help="merged model folder for CPU serving (transformers serve)")
-    ap.add_argument("--name", help="release name (default: the adapter folder's name)")
+    ap.add_argument("--merged", help="(--adapter) merged model folder for CPU serving (transformers serve)")
+    ap.add_argument("--name", help="release name (default: the adapter folder's name; a campaign: <run dir>-<stage>)")
     ap.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     args = ap.parse_args(argv)
     try:
-        m = make_release(args.adapter, args.out, bench=args.bench, probe=args.probe, loop=args.loop,
-                         merged=args.merged, name=args.name, overwrite=args.overwrite)
+        if args.campaign and (args.probe or args.merged):
+            raise ValueError(f"--probe / --merged go with --adapter; --campaign {args.campaign!r} takes its probe curve "
+                             "and merged model from the campaign")
+        if args.campaign:
+            m = make_campaign_release(args.campaign, args.out, bench=args.bench, loop=args.loop, name=args.name,
+                                      overwrite=args.overwrite)
+        else:
+            m = make_release(args.adapter, args.out, bench=args.bench, probe=args.probe, loop=args.loop,
+                             merged=args.merged, name=args.name, overwrite=args.overwrite)
     except ValueError as e:
         print(f"pixrl release: {e}", file=sys.stderr)
         return 2

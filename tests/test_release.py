@@ -1,5 +1,6 @@
-"""After-training line: `pixrl release` (adapter + model card from the evidence records)."""
-import json
+"""After-training line: `pixrl release` (adapter + model card from the evidence records; the self-contained release of
+a tiny real campaign, loaded from a copy of the folder alone with an empty PIXRL_CACHE)."""
+import json, os, shutil, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,118 @@ def test_release_refuses_bad_input(adapter, tmp_path, capsys):
     assert pixrl_main(["release", "--adapter", str(tmp_path / "nope"), "--out", str(tmp_path / "e"),
                        "--bench", str(BENCH)]) == 2
     assert "not a folder" in capsys.readouterr().err
+
+
+# --- the self-contained release of a campaign -------------------------------------------------------------------
+
+CAMPAIGN = ["--arm", "B", "--model", "pixrl-tiny", "--name", "rel", "--levels", "0", "--steps-per-level", "2",
+            "--probe-per-level", "1", "--probe-k", "2", "--groups-per-step", "1", "--max-new-tokens", "48",
+            "--lora-rank", "8", "--preflight-control-n", "8"]
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory):
+    "A tiny real campaign (pixrl-tiny, arm B, one 2-step RL stage on L0): (run dir, its PIXRL_CACHE)."
+    root = tmp_path_factory.mktemp("campaign")
+    env = {**os.environ, "PIXRL_CACHE": str(root / "cache"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "pixrl.campaign", "run", "--runs-root", str(root / "runs"), *CAMPAIGN]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return root / "runs" / "rel", root / "cache"
+
+
+def _greedy_transformers(model_dir, prompts: list[str], max_new_tokens: int) -> list[str]:
+    "Greedy completions with transformers alone (the loaders the release card names), batched left-padded."
+    import torch
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id)
+    return tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def test_campaign_release_loads_on_a_fresh_machine(campaign, tmp_path, monkeypatch, capsys):
+    from pixrl.campaign import load_state
+    from pixrl.policy import load_policy, model_dir_sha256, resolve_model
+    from pixrl.probe import probe_tasks
+    from pixrl.serve import complete, completion_text, server_command, start_server
+    from pixrl.tasks import release_digest
+    run_dir, cache = campaign
+    monkeypatch.setenv("PIXRL_CACHE", str(cache))
+    state = load_state(run_dir)
+    final = state["stages"][-1]["final_dir"]
+    assert final.startswith(str(cache))
+    out = tmp_path / "made" / "rel"
+    assert pixrl_main(["release", "--campaign", str(run_dir), "--out", str(out)]) == 0, capsys.readouterr().err
+    # the campaign's final model, greedy, on 8 probe tasks (the reference, before the cache goes)
+    ref = load_policy(final, device="cpu")
+    prompts = [ref.prompt(t) for t in probe_tasks(2)[:8]]
+    want = ref.generate(prompts, temperature=0, max_new_tokens=24)
+    # a fresh machine: the release folder alone, an empty PIXRL_CACHE, the training cache gone
+    fresh = tmp_path / "fresh" / "rel"
+    shutil.copytree(out, fresh)
+    shutil.rmtree(out)
+    gone = cache.with_name("cache-gone")
+    cache.rename(gone)
+    try:
+        monkeypatch.setenv("PIXRL_CACHE", str(tmp_path / "empty-cache"))
+        got_policy = load_policy(fresh / "merged", device="cpu").generate(prompts, temperature=0, max_new_tokens=24)
+        got_tf = _greedy_transformers(fresh / "merged", prompts, 24)
+        with start_server(fresh, backend="transformers", startup_timeout=120, log_path=tmp_path / "server.log") as srv:
+            status, body = complete(srv.base_url, srv.model, prompts[0], max_tokens=24, timeout=60)
+    finally:
+        gone.rename(cache)
+    assert got_policy == want
+    assert got_tf == [w[0] for w in want]
+    assert status == 200, body                                        # `pixrl serve`'s transformers server, same text
+    assert completion_text(body) == want[0][0]
+    # every file is in the manifest with its sha256; no JSON names the training cache
+    man = json.loads((fresh / "release.json").read_text())
+    assert man["form"] == "merged" and man["load"] == "merged" and man["stage"] == "rl-L0"
+    for rel, sha in man["files"].items():
+        assert sha256_file(fresh / rel) == sha
+    assert set(man["files"]) >= {"README.md", "version.json", "merged/model.safetensors", "merged/pixrl.json"}
+    assert man["files"]["merged/model.safetensors"] == model_dir_sha256(Path(final))
+    assert man["files"]["merged/model.safetensors"] != man["base"]["sha256"], \
+        "the tiny campaign left the weights unchanged, so the greedy check cannot tell the release from its base"
+    for f in fresh.rglob("*.json"):
+        assert str(cache) not in f.read_text(), f
+    # the base by name and sha256, the chain, the probe curve
+    assert man["base"]["name"] == "pixrl-tiny" and man["base"]["sha256"] == model_dir_sha256(resolve_model("pixrl-tiny"))
+    assert [(r["stage"], r["trained_steps"], r["in_weights"]) for r in man["chain"]] == [("rl-L0", 2, True)]
+    assert [r["stage"] for r in man["probe_curve"]] == ["base"] * 5 + ["rl-L0"] * 5
+    card = (fresh / "README.md").read_text()
+    assert "`pixrl-tiny` (committed in the pixrl repository at `data/models/pixrl-tiny`" in card
+    assert "`rl-L0` (2 steps)" in card and "merged model is the one exact form" in card
+    assert "| rl-L0 | rl | L0 | 2 steps | done | 2 | yes |" in card
+    assert man["data_digest"] == release_digest() and release_digest() in card and "campaign preflight" in man["evidence"]
+    # `pixrl serve` serves the released model folder
+    argv, _ = server_command(fresh, backend="transformers")
+    assert argv[1:3] == ["serve", str(fresh / "merged")]
+
+
+def test_campaign_release_refuses(campaign, tmp_path, capsys):
+    from pixrl.release import make_campaign_release
+    run_dir, cache = campaign
+    with pytest.raises(ValueError, match="no state.json"):
+        make_campaign_release(tmp_path, tmp_path / "a")
+    state = json.loads((run_dir / "state.json").read_text())
+    pending = tmp_path / "pending"
+    shutil.copytree(run_dir, pending)
+    (pending / "state.json").write_text(json.dumps({**state, "stages": [{**s, "status": "pending"} for s in state["stages"]]}))
+    with pytest.raises(ValueError, match="no finished stage"):
+        make_campaign_release(pending, tmp_path / "b")
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(run_dir, elsewhere)
+    moved = [{**s, "final_dir": s["final_dir"].replace(str(cache), "/nonexistent/cache")} for s in state["stages"]]
+    (elsewhere / "state.json").write_text(json.dumps({**state, "stages": moved}))
+    with pytest.raises(ValueError, match="not on this machine: '/nonexistent/cache/"):
+        make_campaign_release(elsewhere, tmp_path / "c")
+    with pytest.raises(ValueError, match="measured weights"):      # a bench of other weights (runs/bench_base: the base)
+        make_campaign_release(run_dir, tmp_path / "d", bench=BENCH)
+    assert pixrl_main(["release", "--campaign", str(run_dir), "--out", str(tmp_path / "e"), "--merged", str(run_dir)]) == 2
+    assert "--probe / --merged go with --adapter" in capsys.readouterr().err
