@@ -9,11 +9,11 @@ from .reward import DEFAULT_REWARD, REWARD_POLICIES
 
 # %% auto #0
 __all__ = ['LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_STEPS', 'ARMS', 'THINKING_ARMS',
-           'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'SCALE_REWARDS', 'LOSS_TYPES', 'Arm', 'Stage', 'RunPlan', 'build_plan',
-           'operating_point', 'gate_absolute', 'gate_relative', 'CampaignConfig', 'validate', 'load_state',
-           'save_state', 'ckpt_dir', 'init_state', 'stage_input', 'trl_settings', 'token_budget', 'run_preflight_stage',
-           'campaign_reward', 'canary_probe', 'run_stage', 'CampaignBusy', 'run_dir_lock', 'run_campaign',
-           'probe_points', 'cli_main']
+           'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'SCALE_REWARDS', 'LOSS_TYPES', 'LATER_FIELDS', 'Arm', 'Stage',
+           'RunPlan', 'build_plan', 'operating_point', 'gate_absolute', 'gate_relative', 'CampaignConfig', 'validate',
+           'load_state', 'save_state', 'ckpt_dir', 'init_state', 'stage_input', 'trl_settings', 'token_budget',
+           'run_preflight_stage', 'campaign_reward', 'canary_probe', 'run_stage', 'CampaignBusy', 'run_dir_lock',
+           'run_campaign', 'probe_points', 'cli_main']
 
 # %% ../nbs/09_campaign.ipynb #7840ec06
 LEVELS = (0, 1, 2, 3, 4)
@@ -160,6 +160,10 @@ def _as_levels(value) -> tuple:
         return (value,)
     return tuple(int(x) for x in value)
 
+# fields added after campaigns were recorded, with the value they had then: at that value they leave the
+# fingerprint unchanged, so a recorded state.json still matches its config
+LATER_FIELDS = {"num_iterations": 1}
+
 @dataclasses.dataclass
 class CampaignConfig:
     "Everything that defines a pix campaign: the single source of its defaults (train.ipynb's parameters mirror it)."
@@ -179,6 +183,7 @@ class CampaignConfig:
     scale_rewards: str = "group"       # TRL scale_rewards: A = (r − mean_group)/(std_group + 1e-4) | "batch" std | "none"
     loss_type: str = "dapo"            # TRL loss_type: how token losses are aggregated ("dapo": over all tokens of the batch)
     beta: float = 0.0                  # TRL beta: KL coefficient to the reference policy; 0 = no reference model is loaded
+    num_iterations: int = 1            # TRL num_iterations (μ): optimizer steps on each generated batch (clipped ratio, ε 0.2)
     replay_share: float | None = None  # backward replay share of RL batches (lower levels); None: the arm's default
     sft_levels: tuple | None = None    # levels with an SFT stage; None: the arm's default (arms B, C, F, I refuse any)
     sft_epochs: float = 1.0            # SFT epochs over a level's train tasks
@@ -208,8 +213,10 @@ class CampaignConfig:
                           self.fork_through, self.smoke, self.levels)
 
     def fingerprint(self) -> str:
+        "Identity of the campaign: every field that changes what trains (a later-added field at its neutral value is left out)."
         d = {k: v for k, v in dataclasses.asdict(self).items()
-             if k not in ("runs_root", "name", "save_steps", "preflight_control_n")}
+             if k not in ("runs_root", "name", "save_steps", "preflight_control_n")
+             and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
         d["sft_levels"] = list(d["sft_levels"]) if d["sft_levels"] is not None else None
         d["levels"] = list(d["levels"])
         d["fork_from"] = Path(d["fork_from"]).name if d["fork_from"] else None
@@ -234,6 +241,8 @@ def validate(cfg: CampaignConfig) -> RunPlan:
         raise ValueError(f"unknown scale_rewards {cfg.scale_rewards!r}; accepted: {', '.join(SCALE_REWARDS)}")
     if cfg.loss_type not in LOSS_TYPES:
         raise ValueError(f"unknown loss_type {cfg.loss_type!r}; accepted: {', '.join(LOSS_TYPES)}")
+    if not (isinstance(cfg.num_iterations, int) and cfg.num_iterations >= 1):
+        raise ValueError(f"num_iterations={cfg.num_iterations!r}: optimizer steps per generated batch must be an int >= 1")
     if not cfg.beta >= 0:
         raise ValueError(f"beta={cfg.beta!r}: the KL coefficient must be >= 0")
     if cfg.reward not in REWARD_POLICIES:
@@ -338,7 +347,7 @@ def _tasks(level: int, split: str = "train") -> list:
 def trl_settings(config: dict) -> dict:
     "TRL's GRPO loss settings of a campaign's config (a state written before they were settings: TRL's defaults then)."
     return {"scale_rewards": config.get("scale_rewards", "group"), "loss_type": config.get("loss_type", "dapo"),
-            "beta": config.get("beta", 0.0)}
+            "beta": config.get("beta", 0.0), "num_iterations": config.get("num_iterations", 1)}
 
 def token_budget(policy, max_new_tokens: int | None) -> int:
     "Prompt tokens a campaign may use: the text model's context − the completion budget − a fixed image's tokens."

@@ -152,6 +152,7 @@ def _common_args(out_dir, steps, lr, seed, save_steps) -> dict:
 
 def grpo_config(out_dir, steps: int, *, lr: float, num_generations: int, groups_per_step: int, temperature: float,
                 max_new_tokens: int, seed: int, save_steps: int, scale_rewards: str, loss_type: str, beta: float,
+                num_iterations: int,
                 use_vllm: bool | None = None, chat_template_kwargs: dict | None = None) -> GRPOConfig:
     """GRPOConfig for one pix RL stage (batch = `groups_per_step` × G completions, one optimizer step per batch).
     The knobs have no defaults here: a campaign passes its `CampaignConfig` (the single source of defaults)."""
@@ -163,6 +164,7 @@ def grpo_config(out_dir, steps: int, *, lr: float, num_generations: int, groups_
                       per_device_train_batch_size=num_generations * groups_per_step, gradient_accumulation_steps=1,
                       num_generations=num_generations, max_completion_length=max_new_tokens, temperature=temperature,
                       top_k=0, top_p=1.0, beta=beta, scale_rewards=scale_rewards, loss_type=loss_type,
+                      num_iterations=num_iterations,
                       use_vllm=vllm, log_completions=False,
                       mask_truncated_completions=False,
                       chat_template_kwargs=chat_template_kwargs or None, **extra)
@@ -200,7 +202,7 @@ def _finish(trainer, policy: Policy, out_dir: Path, meta: dict) -> Path:
 
 def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lora_rank: int, num_generations: int,
              groups_per_step: int, temperature: float, max_new_tokens: int | None, seed: int, save_steps: int,
-             reward: str, scale_rewards: str, loss_type: str, beta: float, replay_tasks: list = (),
+             reward: str, scale_rewards: str, loss_type: str, beta: float, num_iterations: int, replay_tasks: list = (),
              replay_share: float = 0.0, use_vllm: bool | None = None, callbacks: list = (),
              thinking: bool | None = None) -> dict:
     """One GRPO stage from `model_dir` on `tasks` (+ replay); resumes from the last checkpoint in `out_dir`.
@@ -214,6 +216,7 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lor
     cfg = grpo_config(out_dir, steps, lr=lr, num_generations=num_generations, groups_per_step=groups_per_step,
                       temperature=temperature, max_new_tokens=int(max_new_tokens or policy.max_new_tokens), seed=seed,
                       save_steps=save_steps, scale_rewards=scale_rewards, loss_type=loss_type, beta=beta,
+                      num_iterations=num_iterations,
                       use_vllm=use_vllm,
                       chat_template_kwargs=thinking_kwargs(policy.processor or policy.tokenizer, thinking))
     trainer = PixGRPOTrainer(model=policy.model, reward_funcs=reward_fn, args=cfg, train_dataset=rl_dataset(policy, rows),
