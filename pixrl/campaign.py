@@ -6,14 +6,15 @@ import argparse, contextlib, dataclasses, hashlib, json, os, shutil, subprocess,
 from pathlib import Path
 from .core import cache_dir, read_json, repo_root, set_seed, write_text_atomic
 from .reward import DEFAULT_REWARD, REWARD_POLICIES
+from .tracking import PROGRESS_FILE, ProgressDisplay, check_report_to, read_progress, tracker_env
 
 # %% auto #0
 __all__ = ['LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_STEPS', 'ARMS', 'THINKING_ARMS',
-           'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'SCALE_REWARDS', 'LOSS_TYPES', 'LATER_FIELDS', 'Arm', 'Stage',
-           'RunPlan', 'build_plan', 'operating_point', 'gate_absolute', 'gate_relative', 'CampaignConfig', 'validate',
-           'load_state', 'save_state', 'ckpt_dir', 'init_state', 'stage_input', 'trl_settings', 'token_budget',
-           'run_preflight_stage', 'campaign_reward', 'canary_probe', 'run_stage', 'CampaignBusy', 'run_dir_lock',
-           'run_campaign', 'probe_points', 'cli_main']
+           'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'SCALE_REWARDS', 'LOSS_TYPES', 'LATER_FIELDS', 'POLL_S', 'Arm',
+           'Stage', 'RunPlan', 'build_plan', 'operating_point', 'gate_absolute', 'gate_relative', 'CampaignConfig',
+           'validate', 'load_state', 'save_state', 'ckpt_dir', 'init_state', 'stage_input', 'trl_settings',
+           'token_budget', 'run_preflight_stage', 'campaign_reward', 'canary_probe', 'stage_run_name', 'run_stage',
+           'CampaignBusy', 'run_dir_lock', 'run_campaign', 'probe_points', 'cli_main']
 
 # %% ../nbs/09_campaign.ipynb #7840ec06
 LEVELS = (0, 1, 2, 3, 4)
@@ -177,7 +178,7 @@ class CampaignConfig:
     groups_per_step: int = 2           # prompts per optimizer step (batch = groups_per_step · rollouts completions)
     lr: float = 1e-4                   # GRPO learning rate (LoRA; constant; 1e-3 made pixrl-base worse: runs/b_lr1e-3)
     lora_rank: int = 16                # LoRA rank on every linear layer; 0 = full fine-tuning
-    temperature: float = 1.0           # sampling temperature of rollouts and probes (top_k 0, top_p 1)
+    temperature: float = 1.0           # GRPO rollouts' sampling temperature (top_k 0, top_p 1); probes sample at T 1
     max_new_tokens: int | None = None  # completion budget; None: the model's pixrl.json budget (C/D: THINK_MAX_NEW_TOKENS)
     reward: str = DEFAULT_REWARD       # reward policy GRPO trains on and the probes score: shaped_v3c | shaped_v3b | raw_iou
     scale_rewards: str = "group"       # TRL scale_rewards: A = (r − mean_group)/(std_group + 1e-4) | "batch" std | "none"
@@ -197,6 +198,7 @@ class CampaignConfig:
     probe_per_level: int = 16          # probe tasks per level (the fixed probe: first ids of each validation level)
     save_steps: int = 5                # checkpoint every this many optimizer steps (resume granularity)
     preflight_control_n: int = 40      # validation tasks in the preflight's ground-truth positive control
+    report_to: str = "none"            # step-metric tracker (pixrl.tracking): none | trackio | tensorboard, in <run_dir>/tracking/
 
     def __post_init__(self):
         self.arm = str(self.arm).upper()
@@ -213,9 +215,10 @@ class CampaignConfig:
                           self.fork_through, self.smoke, self.levels)
 
     def fingerprint(self) -> str:
-        "Identity of the campaign: every field that changes what trains (a later-added field at its neutral value is left out)."
+        """Identity of the campaign: every field that changes what trains (a later-added field at its neutral value is
+        left out; so are where it is written, how often it checkpoints, and where its metrics are reported)."""
         d = {k: v for k, v in dataclasses.asdict(self).items()
-             if k not in ("runs_root", "name", "save_steps", "preflight_control_n")
+             if k not in ("runs_root", "name", "save_steps", "preflight_control_n", "report_to")
              and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
         d["sft_levels"] = list(d["sft_levels"]) if d["sft_levels"] is not None else None
         d["levels"] = list(d["levels"])
@@ -247,6 +250,7 @@ def validate(cfg: CampaignConfig) -> RunPlan:
         raise ValueError(f"beta={cfg.beta!r}: the KL coefficient must be >= 0")
     if cfg.reward not in REWARD_POLICIES:
         raise ValueError(f"unknown reward policy {cfg.reward!r}; accepted: {', '.join(REWARD_POLICIES)}")
+    check_report_to(cfg.report_to)                             # unknown tracker, or its package missing
     if cfg.probe_k < 1 or cfg.probe_per_level < 1:
         raise ValueError("probe_k and probe_per_level must be >= 1")
     path = resolve_model(cfg.model)                            # missing path -> ValueError
@@ -297,7 +301,7 @@ def init_state(cfg: CampaignConfig, plan: RunPlan) -> dict:
         print(f"[campaign] {rd}/state.json belongs to campaign {st['campaign_id']} whose checkpoints are not on this "
               "machine; starting it afresh")
         for pat in ("stage_*.json", "probe_*.json", "metrics_*.json", "canary.jsonl", "campaign.log", "summary.json",
-                    "preflight.json"):
+                    "preflight.json", PROGRESS_FILE):
             for f in rd.glob(pat):
                 f.unlink()
     st = {"fingerprint": cfg.fingerprint(), "campaign_id": f"{rd.name}-{cfg.fingerprint()}-{uuid.uuid4().hex[:6]}",
@@ -399,8 +403,14 @@ def canary_probe(state: dict, policy):
         return {k: r["overall"][k] for k in ("exec_rate", "iou", "reward")}
     return probe
 
-def run_stage(run_dir, k) -> dict:
-    "Execute stage k (or the base probe for k='base') of the campaign in `run_dir`; writes stage_<k>.json."
+def stage_run_name(k, name: str) -> str:
+    "The tracker's name of stage k's run (trackio: a run of the project named after the run directory)."
+    return f"stage_{k}-{name}"
+
+def run_stage(run_dir, k, report_to: str = "none") -> dict:
+    """Execute stage k (or the base probe for k='base') of the campaign in `run_dir`; writes stage_<k>.json.
+    `report_to`: the tracker TRL reports to (its directory comes in the environment: `pixrl.tracking.tracker_env`);
+    every logged step is appended to `<run_dir>/progress.jsonl` for the parent's progress display."""
     run_dir = Path(run_dir)
     state = load_state(run_dir)
     state["run_dir"] = str(run_dir)
@@ -418,24 +428,26 @@ def run_stage(run_dir, k) -> dict:
     s = state["plan"][k]
     inp = state["stages"][k]["input"]
     d = ckpt_dir(state, k)
-    from pixrl.grpo import run_grpo, run_sft
+    from pixrl.grpo import run_grpo, run_sft, ProgressLog
+    report = {"report_to": report_to, "project": run_dir.name, "run_name": stage_run_name(k, s["name"])}
+    progress = ProgressLog(run_dir / PROGRESS_FILE, k, s["name"])
     if s["kind"] == "sft":
         res = run_sft(inp, _tasks(s["level"]), d, epochs=s["epochs"], lr=c["sft_lr"], lora_rank=c["lora_rank"],
                       seed=c["seed"], save_steps=c["save_steps"], max_steps=SMOKE_STEPS if c["smoke"] else -1,
-                      thinking=op["thinking"])
+                      thinking=op["thinking"], callbacks=[progress], **report)
     else:
         replay = [t for L in range(s["level"]) for t in _tasks(L)] if s["replay_share"] else []
-        cbs = []
+        cbs = [progress]
         if s.get("canary_every"):
             from pixrl.policy import load_policy
             from pixrl.grpo import PeriodicProbe
             probe = canary_probe(state, load_policy(inp, thinking=op["thinking"]))
-            cbs = [PeriodicProbe(s["canary_every"], probe, run_dir / "canary.jsonl")]
+            cbs.append(PeriodicProbe(s["canary_every"], probe, run_dir / "canary.jsonl"))
         res = run_grpo(inp, _tasks(s["level"]), d, steps=s["steps"], lr=c["lr"], lora_rank=c["lora_rank"],
                        num_generations=c["rollouts"], groups_per_step=c["groups_per_step"],
                        temperature=c["temperature"], max_new_tokens=op["max_new_tokens"], seed=c["seed"],
                        save_steps=c["save_steps"], replay_tasks=replay, replay_share=s["replay_share"], callbacks=cbs,
-                       thinking=op["thinking"], reward=campaign_reward(c), **trl_settings(c))
+                       thinking=op["thinking"], reward=campaign_reward(c), **trl_settings(c), **report)
     write_text_atomic(run_dir / f"metrics_{k}.json", json.dumps(res["log_history"], indent=0))
     name = _probe(state, res["final_dir"], k)
     out = {"probe": name, **{x: res[x] for x in ("final_dir", "global_step", "resumed_from_step", "seconds", "n_rows")},
@@ -444,16 +456,37 @@ def run_stage(run_dir, k) -> dict:
     return out
 
 # %% ../nbs/09_campaign.ipynb #7c91feb3
-def _sub(run_dir, k, log) -> None:
-    cmd = [sys.executable, "-m", "pixrl.campaign", "stage", "--run-dir", str(run_dir), "--stage", str(k)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+POLL_S = 0.5   # how often the parent reads progress.jsonl while a stage runs
+
+def _sub(run_dir, k, log, report_to: str = "none", run_name: str = "", progress=None) -> None:
+    """Run stage `k` as a subprocess (stdout+stderr → `log`); the tracker's directory goes in its environment
+    (set before TRL imports trackio). While it runs, new `progress.jsonl` rows go to `progress(row)`."""
+    cmd = [sys.executable, "-m", "pixrl.campaign", "stage", "--run-dir", str(run_dir), "--stage", str(k),
+           "--report-to", report_to]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **tracker_env(run_dir, report_to, run_name)}
+    path = Path(run_dir) / PROGRESS_FILE
+    offset = path.stat().st_size if path.exists() else 0          # only rows this attempt writes
     with open(log, "a") as f:
         f.write(f"\n=== {_now()} {' '.join(cmd)}\n")
         f.flush()
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-    if r.returncode != 0:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        try:
+            while True:
+                done = proc.poll() is not None
+                rows, offset = read_progress(path, offset)
+                for row in rows:
+                    if progress is not None:
+                        progress(row)
+                if done:
+                    break
+                time.sleep(POLL_S)
+        except BaseException:                  # an interrupted kernel or a failed display: the stage stops with it
+            proc.kill()
+            proc.wait()
+            raise
+    if proc.returncode != 0:
         tail = Path(log).read_text()[-3000:]
-        raise RuntimeError(f"stage {k} of {run_dir} failed (exit {r.returncode}); log {log}:\n{tail}")
+        raise RuntimeError(f"stage {k} of {run_dir} failed (exit {proc.returncode}); log {log}:\n{tail}")
 
 def _gate(state: dict, k: int, run_dir: Path, exec_slack: float) -> tuple[bool, str] | None:
     s = state["plan"][k]
@@ -514,6 +547,7 @@ def _run_locked(cfg: CampaignConfig, plan: RunPlan, verbose: bool) -> dict:
     rd = cfg.run_dir
     log = rd / "campaign.log"
     say = (lambda *a: print("[campaign]", *a, flush=True)) if verbose else (lambda *a: None)
+    bar = ProgressDisplay(len(plan.stages)) if verbose else None     # stage i/N, step j/M, reward, ETA
     def _base_done():
         if not state["base_probe"] and (rd / "stage_base.json").exists():
             state["base_probe"] = read_json(rd / "stage_base.json", "stage record")["probe"]
@@ -532,6 +566,9 @@ def _run_locked(cfg: CampaignConfig, plan: RunPlan, verbose: bool) -> dict:
         rec = state["stages"][k]
         if rec["status"] in ("done", "gate_failed", "forked"):
             say(f"stage {k} {s.name}: {rec['status']} (skipped)")
+            if bar:
+                bar.start(k, s.name)
+                bar.finish(f"{rec['status']} (skipped)")
             continue
         rec.update(status="running", input=stage_input(state, k), attempts=rec.get("attempts", 0) + 1)
         state["events"].append({"stage": k, "event": "start", "at": _now()})
@@ -539,7 +576,9 @@ def _run_locked(cfg: CampaignConfig, plan: RunPlan, verbose: bool) -> dict:
         say(f"stage {k} {s.name} (attempt {rec['attempts']}) from {_short(rec['input'])}")
         if not state["base_probe"]:
             say("base probe (in the first stage's process)")
-        _sub(rd, k, log)
+        if bar:
+            bar.start(k, s.name)
+        _sub(rd, k, log, cfg.report_to, stage_run_name(k, s.name), bar.update if bar else None)
         _base_done()
         out = read_json(rd / f"stage_{k}.json", "stage record")
         rec.update(out)
@@ -549,8 +588,12 @@ def _run_locked(cfg: CampaignConfig, plan: RunPlan, verbose: bool) -> dict:
             rec["gate"] = {"rule": s.gate, "passed": g[0], "reason": g[1]}
         state["events"].append({"stage": k, "event": rec["status"], "at": _now()})
         save_state(rd, state)
+        if bar:
+            bar.finish(rec["status"])
         say(f"stage {k} {s.name}: {rec['status']} step {rec.get('global_step')} (resumed from {rec.get('resumed_from_step')})"
             + (f" gate: {rec['gate']['reason']}" if g else ""))
+    if bar:
+        bar.close()
     state["finished_at"] = _now()
     save_state(rd, state)
     return state
@@ -584,13 +627,14 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stage", help="(internal) run one stage of a campaign")
     s.add_argument("--run-dir", required=True)
     s.add_argument("--stage", required=True)
+    s.add_argument("--report-to", default="none")
     return p
 
 def cli_main(argv: list[str] | None = None) -> int:
     "Entry point of `pixrl campaign ...` / `python -m pixrl.campaign ...`."
     a = _parser().parse_args(argv)
     if a.cmd == "stage":
-        run_stage(a.run_dir, a.stage)
+        run_stage(a.run_dir, a.stage, a.report_to)
         return 0
     cfg = CampaignConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(CampaignConfig)})
     try:

@@ -15,12 +15,13 @@ from peft import LoraConfig
 from .policy import load_policy, save_policy, Policy, format_answer
 from .prompt import prompt_text, user_turn, thinking_kwargs
 from .reward import make_reward_fn, DEFAULT_REWARD
+from .tracking import append_progress, progress_row, trl_report_args
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 datasets.disable_progress_bars()
 
 # %% auto #0
-__all__ = ['replay_mix', 'rl_dataset', 'sft_dataset', 'PixGRPOTrainer', 'PeriodicProbe', 'time_shares', 'has_cuda',
+__all__ = ['replay_mix', 'rl_dataset', 'sft_dataset', 'PixGRPOTrainer', 'PeriodicProbe', 'time_shares', 'ProgressLog', 'has_cuda',
            'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint', 'grpo_config', 'run_grpo', 'run_sft']
 
 # %% ../nbs/07_grpo.ipynb #4c55cd8b
@@ -97,6 +98,25 @@ def time_shares(log_history: list[dict]) -> dict:
     return {"generation": gen / tot, "evaluation": ev / tot, "optimisation": max(0.0, tot - gen - ev) / tot,
             "step_s": tot / len(rows), "steps": len(rows)}
 
+# %% ../nbs/07_grpo.ipynb #c2ae119e
+class ProgressLog(TrainerCallback):
+    "`pixrl.tracking.progress_row`s of stage `stage` (`name`) appended to `path`: begin, every logged step, end."
+    def __init__(self, path, stage, name: str):
+        self.path, self.stage, self.name = Path(path), stage, name
+
+    def _row(self, event: str, state, logs: dict | None = None) -> None:
+        append_progress(self.path, progress_row(self.stage, self.name, event, state.global_step, state.max_steps, logs))
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._row("begin", state)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and ("reward" in logs or "loss" in logs):     # a step's log, not the end-of-training summary
+            self._row("step", state, logs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._row("end", state)
+
 # %% ../nbs/07_grpo.ipynb #b8f4b99e
 def has_cuda() -> bool:
     return torch.cuda.is_available()
@@ -144,23 +164,26 @@ def last_checkpoint(out_dir) -> str | None:
             shutil.rmtree(c, ignore_errors=True)
     return None
 
-def _common_args(out_dir, steps, lr, seed, save_steps) -> dict:
+def _common_args(out_dir, steps, lr, seed, save_steps, report_to: str = "none", project: str = "pixrl",
+                 run_name: str | None = None) -> dict:
+    "TrainingArguments shared by GRPO and SFT stages; `report_to`, `project`, `run_name`: `pixrl.tracking.trl_report_args`."
     return dict(output_dir=str(out_dir), max_steps=steps, learning_rate=lr, lr_scheduler_type="constant",
                 warmup_steps=0, logging_steps=1, save_strategy="steps", save_steps=save_steps, save_total_limit=2,
-                report_to=[], seed=seed, data_seed=seed, gradient_checkpointing=False, dataloader_num_workers=0,
-                disable_tqdm=True, **device_kw())
+                seed=seed, data_seed=seed, gradient_checkpointing=False, dataloader_num_workers=0,
+                disable_tqdm=True, **trl_report_args(report_to, project, run_name), **device_kw())
 
 def grpo_config(out_dir, steps: int, *, lr: float, num_generations: int, groups_per_step: int, temperature: float,
                 max_new_tokens: int, seed: int, save_steps: int, scale_rewards: str, loss_type: str, beta: float,
                 num_iterations: int,
-                use_vllm: bool | None = None, chat_template_kwargs: dict | None = None) -> GRPOConfig:
+                use_vllm: bool | None = None, chat_template_kwargs: dict | None = None, report_to: str = "none",
+                project: str = "pixrl", run_name: str | None = None) -> GRPOConfig:
     """GRPOConfig for one pix RL stage (batch = `groups_per_step` × G completions, one optimizer step per batch).
     The knobs have no defaults here: a campaign passes its `CampaignConfig` (the single source of defaults)."""
     if num_generations < 2:
         raise ValueError(f"num_generations must be >= 2 (GRPO needs a group), got {num_generations!r}")
     vllm = resolve_use_vllm(use_vllm)
     extra = {"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.35} if vllm else {}
-    return GRPOConfig(**_common_args(out_dir, steps, lr, seed, save_steps),
+    return GRPOConfig(**_common_args(out_dir, steps, lr, seed, save_steps, report_to, project, run_name),
                       per_device_train_batch_size=num_generations * groups_per_step, gradient_accumulation_steps=1,
                       num_generations=num_generations, max_completion_length=max_new_tokens, temperature=temperature,
                       top_k=0, top_p=1.0, beta=beta, scale_rewards=scale_rewards, loss_type=loss_type,
@@ -204,7 +227,8 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lor
              groups_per_step: int, temperature: float, max_new_tokens: int | None, seed: int, save_steps: int,
              reward: str, scale_rewards: str, loss_type: str, beta: float, num_iterations: int, replay_tasks: list = (),
              replay_share: float = 0.0, use_vllm: bool | None = None, callbacks: list = (),
-             thinking: bool | None = None) -> dict:
+             thinking: bool | None = None, report_to: str = "none", project: str = "pixrl",
+             run_name: str | None = None) -> dict:
     """One GRPO stage from `model_dir` on `tasks` (+ replay); resumes from the last checkpoint in `out_dir`.
     The knobs come from the campaign's `CampaignConfig` (no defaults here; `max_new_tokens=None`: the model's budget).
     Returns {final_dir, global_step, resumed_from_step, log_history, time_shares, seconds}."""
@@ -218,7 +242,8 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lor
                       save_steps=save_steps, scale_rewards=scale_rewards, loss_type=loss_type, beta=beta,
                       num_iterations=num_iterations,
                       use_vllm=use_vllm,
-                      chat_template_kwargs=thinking_kwargs(policy.processor or policy.tokenizer, thinking))
+                      chat_template_kwargs=thinking_kwargs(policy.processor or policy.tokenizer, thinking),
+                      report_to=report_to, project=project, run_name=run_name)
     trainer = PixGRPOTrainer(model=policy.model, reward_funcs=reward_fn, args=cfg, train_dataset=rl_dataset(policy, rows),
                              processing_class=policy.processor or policy.tokenizer,
                              peft_config=lora_config(lora_rank), callbacks=list(callbacks))
@@ -229,16 +254,18 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lor
 # %% ../nbs/07_grpo.ipynb #a27a1169
 def run_sft(model_dir: str, tasks: list, out_dir, *, epochs: float = 2.0, lr: float = 5e-4, lora_rank: int = 16,
             batch_size: int = 16, seed: int = 0, save_steps: int = 20, max_steps: int = -1,
-            thinking: bool | None = None) -> dict:
-    "One SFT stage on `tasks`' ground-truth programs; resumable like `run_grpo`."
+            thinking: bool | None = None, callbacks: list = (), report_to: str = "none", project: str = "pixrl",
+            run_name: str | None = None) -> dict:
+    "One SFT stage on `tasks`' ground-truth programs; resumable like `run_grpo` (callbacks and tracker too)."
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = load_policy(model_dir, thinking=thinking)
-    args = _common_args(out_dir, max_steps, lr, seed, save_steps)
+    args = _common_args(out_dir, max_steps, lr, seed, save_steps, report_to, project, run_name)
     cfg = SFTConfig(**args, num_train_epochs=epochs, per_device_train_batch_size=batch_size,
                     completion_only_loss=True, max_length=None, packing=False)
     trainer = SFTTrainer(model=policy.model, args=cfg, train_dataset=sft_dataset(policy, tasks),
-                         processing_class=policy.processor or policy.tokenizer, peft_config=lora_config(lora_rank))
+                         processing_class=policy.processor or policy.tokenizer, peft_config=lora_config(lora_rank),
+                         callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)
     out = _train_resumable(trainer, policy, out_dir, {"stage": "sft", "epochs": epochs})
     return {**out, "n_rows": len(tasks)}

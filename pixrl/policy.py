@@ -2,7 +2,7 @@
 
 # %% ../nbs/06_policy.ipynb #87e8fc4d
 from __future__ import annotations
-import dataclasses, json, os
+import dataclasses, inspect, json, os
 from pathlib import Path
 import numpy as np
 import torch
@@ -15,7 +15,8 @@ hf_logging.disable_progress_bar()  # evidence notebooks carry no progress-bar ou
 
 # %% auto #0
 __all__ = ['SHA256SUMS', 'GENERIC_TOKENIZERS', 'model_dir_sha256', 'recorded_sha256', 'check_model_dir', 'resolve_model',
-           'model_meta', 'Samples', 'Policy', 'load_tokenizer', 'load_policy', 'save_policy']
+           'model_meta', 'Samples', 'Policy', 'load_tokenizer', 'single_bos', 'image_only_processor', 'load_processor',
+           'load_policy', 'save_policy']
 
 # %% ../nbs/06_policy.ipynb #363b23fc
 SHA256SUMS = "SHA256SUMS"        # data/models/SHA256SUMS: `<sha256>  <model name>` of every committed model's weights
@@ -201,6 +202,58 @@ def load_tokenizer(path, local_only: bool = True):
             return PreTrainedTokenizerFast.from_pretrained(str(d), local_files_only=True)
     return AutoTokenizer.from_pretrained(str(path), local_files_only=local_only)
 
+# %% ../nbs/06_policy.ipynb #sb01a2b2
+def single_bos(tokenizer, template_owner=None) -> bool:
+    """Stop `tokenizer` prepending its BOS when the chat template of `template_owner` (default: the tokenizer)
+    already renders it; True when it changed something. Refuses a tokenizer that cannot be switched."""
+    tmpl = str(getattr(template_owner or tokenizer, "chat_template", "") or "")
+    bos = tokenizer.bos_token
+    if not bos or not ("bos_token" in tmpl or bos in tmpl):
+        return False
+    if tokenizer("x")["input_ids"] == tokenizer("x", add_special_tokens=False)["input_ids"]:
+        return False                                   # the tokenizer adds nothing itself
+    tokenizer.add_bos_token = False
+    if tokenizer("x")["input_ids"] != tokenizer("x", add_special_tokens=False)["input_ids"]:
+        raise ValueError(f"{type(tokenizer).__name__}: its chat template renders {bos!r} and the tokenizer prepends "
+                         "it again, and add_bos_token=False does not switch that off; TRL would feed two BOS tokens")
+    return True
+
+# %% ../nbs/06_policy.ipynb #lp01a2b2
+_IMAGE_ONLY = {}   # processor class -> its image-only subclass (one per class)
+
+def image_only_processor(processor_cls):
+    """`processor_cls` (an image+video processor, e.g. `Qwen2_5_VLProcessor`) constructed without a video processor:
+    its sub-processors are the image processor and the tokenizer. Same class name, so it saves as `processor_cls`."""
+    if processor_cls not in _IMAGE_ONLY:
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            processor_cls.__init__(self, image_processor=image_processor, tokenizer=tokenizer, video_processor=None,
+                                   chat_template=chat_template, **kwargs)
+        _IMAGE_ONLY[processor_cls] = type(processor_cls.__name__, (processor_cls,),
+                                          {"__init__": __init__, "__module__": __name__,
+                                           "__doc__": f"{processor_cls.__name__} without its video processor"})
+    return _IMAGE_ONLY[processor_cls]
+
+def load_processor(path: str, cfg, local_only: bool = True):
+    """The processor of VLM `path` (config `cfg`): a processor class that also takes videos is built image-only
+    (`image_only_processor`) from the directory's image processor and tokenizer; any other through `AutoProcessor`."""
+    import transformers
+    from transformers import AutoProcessor, AutoImageProcessor
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+    name = PROCESSOR_MAPPING_NAMES.get(cfg.model_type)
+    cls = getattr(transformers, name, None) if name else None
+    if cls is None or "video_processor" not in inspect.signature(cls.__init__).parameters:
+        return AutoProcessor.from_pretrained(path, local_files_only=local_only)
+    try:
+        image_proc = AutoImageProcessor.from_pretrained(path, local_files_only=local_only)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0]
+        raise ValueError(f"{path}: the {cfg.model_type} processor ({name}) needs its image processor "
+                         f"(preprocessor_config.json or processor_config.json), which cannot be loaded offline: {first}") from None
+    tok = load_tokenizer(path, local_only)
+    jinja = Path(str(path)) / "chat_template.jinja"
+    template = jinja.read_text() if jinja.exists() else tok.chat_template
+    return image_only_processor(cls)(image_processor=image_proc, tokenizer=tok, chat_template=template)
+
 # %% ../nbs/06_policy.ipynb #f650a2e9
 def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None, thinking: bool | None = None) -> Policy:
     """Load pixrl-tiny, a local model directory or an HF id as a `Policy` (see the module docs). `thinking`: the
@@ -214,8 +267,8 @@ def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None, t
         dtype = torch.float32 if device == "cpu" else torch.bfloat16
     processor = None
     if getattr(cfg, "vision_config", None) is not None:
-        from transformers import AutoProcessor, AutoModelForImageTextToText
-        processor = AutoProcessor.from_pretrained(path, local_files_only=local_only)
+        from transformers import AutoModelForImageTextToText
+        processor = load_processor(path, cfg, local_only)
         tok = processor.tokenizer
         net = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, local_files_only=local_only)
         spec = PromptSpec(**meta["prompt_spec"]) if "prompt_spec" in meta else PromptSpec(vision=True)
@@ -228,6 +281,7 @@ def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None, t
                          "a text model takes the raster prompt (vision=False)")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
+    single_bos(tok, processor)       # a template that renders BOS: TRL's tokenisation adds none (one BOS everywhere)
     tmpl = str(getattr(processor or tok, "chat_template", "") or "")
     can_think = bool(meta.get("can_think", "<think>" in tmpl or "enable_thinking" in tmpl))
     if thinking and not can_think:

@@ -13,6 +13,7 @@ import torch
 from ..advantage import credit_advantage, final_turn_advantage, check_alpha, ADVANTAGES
 from .env import MemEpisode, TURN_STOP, TURN_HEADER, ANSWER_HEADER
 from . import corpus as mem_corpus
+from ..tracking import Tracker, check_report_to, tracker_dir
 
 # %% auto #0
 __all__ = ['GPU_DEFAULTS', 'MemTrainConfig', 'cpu_corpus', 'Gen', 'HFPolicy', 'make_policy', 'VLLMPolicy', 'Trajectory',
@@ -60,6 +61,7 @@ class MemTrainConfig:
     backend: str = "auto"              # "hf" | "vllm" | "auto" (vLLM when CUDA and vllm are present)
     threads: int = 1                   # torch CPU threads (1 is fastest on a shared 2-core machine)
     seed: int = 0
+    report_to: str = "none"            # step-metric tracker (pixrl.tracking): none | trackio | tensorboard, in <run_dir>/tracking/
 
     def validate(self) -> "MemTrainConfig":
         "Raise ValueError naming the bad value; returns self."
@@ -88,6 +90,7 @@ class MemTrainConfig:
                 raise ValueError(f"{k} must be > 0; got {getattr(self, k)!r}")
         if self.backend not in ("hf", "vllm", "auto"):
             raise ValueError(f"backend must be 'hf', 'vllm' or 'auto'; got {self.backend!r}")
+        check_report_to(self.report_to)
         return self
 
 GPU_DEFAULTS = MemTrainConfig(
@@ -389,10 +392,14 @@ def load_lora_policy(cfg: MemTrainConfig):
 class MemGRPOTrainer:
     """Multi-conversation GRPO (one row per turn) with the two-baseline advantage.
     `step()` = rollout → rewards → advantages → clipped token-mean update; `validate()` on held-out projects."""
-    def __init__(self, cfg: MemTrainConfig, train_records, val_records=(), model=None, tokenizer=None):
+    def __init__(self, cfg: MemTrainConfig, train_records, val_records=(), model=None, tokenizer=None, run_dir=None):
         self.cfg = cfg.validate()
         if not train_records:
             raise ValueError("train_records is empty")
+        if cfg.report_to != "none" and run_dir is None:
+            raise ValueError(f"report_to={cfg.report_to!r} writes to <run_dir>/tracking/: pass run_dir; got None")
+        self.tracker = Tracker(cfg.report_to, tracker_dir(run_dir, cfg.report_to) if run_dir else None,
+                               Path(run_dir).name if run_dir else "mem", "train", asdict(cfg))
         torch.set_num_threads(cfg.threads)
         if model is None:
             model, tokenizer = load_lora_policy(cfg)
@@ -474,7 +481,12 @@ class MemGRPOTrainer:
             m.update(self.validate())
         m["time/step_s"] = time.time() - t0
         self.history.append(m)
+        self.tracker.log(m, m["step"])
         return m
+
+    def close(self) -> None:
+        "End the tracker's run (nothing to do for report_to='none')."
+        self.tracker.close()
 
     @torch.no_grad()
     def validate(self, n: int | None = None) -> dict:
@@ -490,7 +502,8 @@ class MemGRPOTrainer:
                 "val/format": m["format/correct"]}
 
     def train(self, steps: int | None = None, log_every: int = 0, stop_on_plateau: dict | None = None) -> list[dict]:
-        "Run `steps` (default cfg.steps) steps; optional `stop_on_plateau=dict(window, min_delta, min_steps)`."
+        """Run `steps` (default cfg.steps) steps; optional `stop_on_plateau=dict(window, min_delta, min_steps)`.
+        The tracker stays open (more steps may follow): `close()` when training is over."""
         for _ in range(steps or self.cfg.steps):
             m = self.step()
             if log_every and m["step"] % log_every == 0:
