@@ -15,8 +15,8 @@ hf_logging.disable_progress_bar()  # evidence notebooks carry no progress-bar ou
 
 # %% auto #0
 __all__ = ['SHA256SUMS', 'GENERIC_TOKENIZERS', 'model_dir_sha256', 'recorded_sha256', 'check_model_dir', 'resolve_model',
-           'model_meta', 'Samples', 'Policy', 'load_tokenizer', 'single_bos', 'image_only_processor', 'load_processor',
-           'load_policy', 'save_policy']
+           'model_meta', 'Samples', 'stop_ids', 'Policy', 'load_tokenizer', 'single_bos', 'image_only_processor',
+           'load_processor', 'load_policy', 'save_policy']
 
 # %% ../nbs/06_policy.ipynb #363b23fc
 SHA256SUMS = "SHA256SUMS"        # data/models/SHA256SUMS: `<sha256>  <model name>` of every committed model's weights
@@ -98,6 +98,14 @@ class Samples:
     entropy: list     # [P][n] float
     n_tokens: list    # [P][n] int
 
+def stop_ids(tokenizer, model) -> list[int]:
+    """The ids that end a completion: the tokenizer's end-of-sequence token and every id in the model's generation
+    config (Llama-3-Instruct ends a turn on `<|eot_id|>` as well as `<|end_of_text|>`, Gemma-3-it on 1 and 106)."""
+    ids = [tokenizer.eos_token_id]
+    cfg = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += list(cfg) if isinstance(cfg, (list, tuple)) else [cfg]
+    return sorted({int(i) for i in ids if i is not None})
+
 @dataclasses.dataclass
 class Policy:
     model: object
@@ -155,6 +163,7 @@ class Policy:
         tok.padding_side = "left"
         torch.manual_seed(seed)
         greedy = temperature == 0
+        stop = stop_ids(tok, model)
         texts, ents, lens = [], [], []
         model.eval()
         per_chunk = max(1, batch_size // n)
@@ -166,11 +175,11 @@ class Policy:
                                      top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
                                      max_new_tokens=max_new, num_return_sequences=n, output_scores=True,
                                      return_dict_in_generate=True, pad_token_id=tok.pad_token_id,
-                                     eos_token_id=tok.eos_token_id)
+                                     eos_token_id=stop)
             gen = out.sequences[:, enc["input_ids"].shape[1]:]                       # (P*n, T)
             logp = torch.stack(out.scores, 1).float().log_softmax(-1)                # (P*n, T, V)
             h = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)                  # (P*n, T)
-            is_eos = gen == tok.eos_token_id
+            is_eos = torch.isin(gen, torch.tensor(stop, device=gen.device))             # (P*n, T)
             first = torch.where(is_eos.any(1), is_eos.float().argmax(1),
                                 torch.full((gen.shape[0],), gen.shape[1], device=gen.device))
             mask = torch.arange(gen.shape[1], device=gen.device)[None] <= first[:, None]  # (P*n, T) incl. eos

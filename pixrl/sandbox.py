@@ -94,6 +94,7 @@ class _ServerLoop:
         self.writing = False                      # out_fd registered for EVENT_WRITE
         self.queue, self.running = deque(), {}
         self.stats = Counter()
+        self.window_rss = []                  # each reaped worker's peak RSS (kB) since the last stats reply
         self.cfg = {"workers": 1, "batch": 32}
 
     def send(self, obj):
@@ -232,6 +233,7 @@ class _ServerLoop:
         del self.running[w.pid]
         if ru is not None:
             self.stats["maxrss_kb"] = max(self.stats["maxrss_kb"], ru.ru_maxrss)
+            self.window_rss.append(ru.ru_maxrss)
             self.stats["worker_cpu_s"] += ru.ru_utime + ru.ru_stime
         if w.idx < len(w.jobs):
             clean_exit = os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0 and not w.killed and not w.buf
@@ -270,8 +272,13 @@ class _ServerLoop:
                 self.cfg.update(msg[1])
             elif msg[0] == "stats":
                 ru = resource.getrusage(resource.RUSAGE_SELF)   # (ru_maxrss survives exec: use VmHWM)
+                window = sorted(self.window_rss)
+                self.window_rss = []
                 self.send(("stats", {**self.stats, "running": len(self.running), "queued": len(self.queue),
-                                     "server_cpu_s": ru.ru_utime + ru.ru_stime, "server_hwm_kb": vm_hwm_kb()}))
+                                     "server_cpu_s": ru.ru_utime + ru.ru_stime, "server_hwm_kb": vm_hwm_kb(),
+                                     "window_workers": len(window),
+                                     "window_maxrss_kb": window[-1] if window else 0,
+                                     "window_median_rss_kb": window[len(window) // 2] if window else 0}))
             elif msg[0] == "ping":
                 self.send(("pong", msg[1]))
             elif msg[0] == "shutdown":
@@ -474,7 +481,9 @@ def shutdown_servers():
 atexit.register(shutdown_servers)
 
 def server_stats(isolation: bool | None = None) -> dict:
-    "Counters of this process's fork server (forked workers, infra faults, peak worker RSS in kB...)."
+    """Counters of this process's fork server (forked workers, infra faults, peak worker RSS in kB...). The `window_*`
+    figures cover the workers reaped since the previous call (each call starts a new window): their number, largest
+    and median peak RSS — what a soak reads per chunk; `maxrss_kb` is the high-water mark since the server started."""
     with _SERVER_LOCK:
         srv = _server(isolation_required() if isolation is None else isolation)
         return {**(srv.request("stats") or {}), "server_pid": srv.proc.pid}
