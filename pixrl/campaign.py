@@ -2,7 +2,7 @@
 
 # %% ../nbs/09_campaign.ipynb #3d041d74
 from __future__ import annotations
-import argparse, contextlib, dataclasses, hashlib, json, os, shutil, subprocess, sys, time, uuid
+import argparse, contextlib, dataclasses, hashlib, json, os, shutil, socket, subprocess, sys, time, uuid
 from pathlib import Path
 from .core import cache_dir, read_json, repo_root, set_seed, write_text_atomic
 from .reward import DEFAULT_REWARD, REWARD_POLICIES
@@ -12,9 +12,10 @@ from .tracking import PROGRESS_FILE, ProgressDisplay, check_report_to, read_prog
 __all__ = ['LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_STEPS', 'ARMS', 'THINKING_ARMS',
            'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'SCALE_REWARDS', 'LOSS_TYPES', 'LATER_FIELDS', 'POLL_S', 'Arm',
            'Stage', 'RunPlan', 'build_plan', 'operating_point', 'gate_absolute', 'gate_relative', 'CampaignConfig',
-           'validate', 'load_state', 'save_state', 'ckpt_dir', 'init_state', 'stage_input', 'trl_settings',
-           'token_budget', 'run_preflight_stage', 'campaign_reward', 'canary_probe', 'stage_run_name', 'run_stage',
-           'CampaignBusy', 'run_dir_lock', 'run_campaign', 'probe_points', 'cli_main']
+           'validate', 'process_capacity', 'check_num_processes', 'load_state', 'save_state', 'ckpt_dir', 'init_state',
+           'stage_input', 'trl_settings', 'token_budget', 'run_preflight_stage', 'campaign_reward', 'canary_probe',
+           'stage_run_name', 'run_stage', 'stage_command', 'CampaignBusy', 'run_dir_lock', 'run_campaign',
+           'probe_points', 'cli_main']
 
 # %% ../nbs/09_campaign.ipynb #7840ec06
 LEVELS = (0, 1, 2, 3, 4)
@@ -163,7 +164,7 @@ def _as_levels(value) -> tuple:
 
 # fields added after campaigns were recorded, with the value they had then: at that value they leave the
 # fingerprint unchanged, so a recorded state.json still matches its config
-LATER_FIELDS = {"num_iterations": 1}
+LATER_FIELDS = {"num_iterations": 1, "num_processes": 1}
 
 @dataclasses.dataclass
 class CampaignConfig:
@@ -199,6 +200,7 @@ class CampaignConfig:
     save_steps: int = 5                # checkpoint every this many optimizer steps (resume granularity)
     preflight_control_n: int = 40      # validation tasks in the preflight's ground-truth positive control
     report_to: str = "none"            # step-metric tracker (pixrl.tracking): none | trackio | tensorboard, in <run_dir>/tracking/
+    num_processes: int = 1             # processes of each GRPO stage (accelerate launch: gloo on CPU, NCCL on GPU); the batch stays groups_per_step · rollouts
 
     def __post_init__(self):
         self.arm = str(self.arm).upper()
@@ -251,6 +253,7 @@ def validate(cfg: CampaignConfig) -> RunPlan:
     if cfg.reward not in REWARD_POLICIES:
         raise ValueError(f"unknown reward policy {cfg.reward!r}; accepted: {', '.join(REWARD_POLICIES)}")
     check_report_to(cfg.report_to)                             # unknown tracker, or its package missing
+    check_num_processes(cfg.num_processes, cfg.groups_per_step * cfg.rollouts)
     if cfg.probe_k < 1 or cfg.probe_per_level < 1:
         raise ValueError("probe_k and probe_per_level must be >= 1")
     path = resolve_model(cfg.model)                            # missing path -> ValueError
@@ -273,6 +276,23 @@ def validate(cfg: CampaignConfig) -> RunPlan:
                              f"fingerprint {old.get('fingerprint')}) != this one ({cfg.fingerprint()}); "
                              "choose another runs_root/name or remove that directory")
     return plan
+
+# %% ../nbs/09_campaign.ipynb #659629c6
+def process_capacity() -> tuple[int, str]:
+    "(how many stage processes this machine holds, what they are): the CUDA devices, else the CPU cores."
+    import torch
+    if torch.cuda.is_available():
+        return torch.cuda.device_count(), "CUDA devices"
+    return os.cpu_count() or 1, "CPU cores"
+
+def check_num_processes(num_processes, global_batch: int) -> None:
+    "Refuse a `num_processes` the machine cannot run or the batch of `global_batch` completions cannot split over."
+    cap, what = process_capacity()
+    if not (isinstance(num_processes, int) and 1 <= num_processes <= cap):
+        raise ValueError(f"num_processes={num_processes!r}: this machine has {cap} {what}; accepted: an int from 1 to {cap}")
+    if global_batch % num_processes:
+        raise ValueError(f"num_processes={num_processes!r} does not divide the batch of {global_batch} completions "
+                         "(groups_per_step · rollouts); accepted: a divisor of it")
 
 # %% ../nbs/09_campaign.ipynb #9640e54f
 def _now():
@@ -419,7 +439,10 @@ def run_stage(run_dir, k, report_to: str = "none") -> dict:
     c = state["config"]
     set_seed(c["seed"])
     op = operating_point(c)
+    from pixrl.grpo import is_main_rank, world_size
     if k == "base" or not (state["base_probe"] or (run_dir / "stage_base.json").exists()):
+        if world_size() > 1:
+            raise RuntimeError("the base probe runs in one process: the parent runs it before a multi-process stage")
         # the campaign-start probe runs in the first stage's process (one interpreter start less)
         write_text_atomic(run_dir / "stage_base.json", json.dumps({"probe": _probe(state, state["model_path"], "base")}))
         if k == "base":
@@ -442,27 +465,46 @@ def run_stage(run_dir, k, report_to: str = "none") -> dict:
             from pixrl.policy import load_policy
             from pixrl.grpo import PeriodicProbe
             probe = canary_probe(state, load_policy(inp, thinking=op["thinking"]))
-            cbs.append(PeriodicProbe(s["canary_every"], probe, run_dir / "canary.jsonl"))
+            if is_main_rank():                     # the canary probes on rank 0 only; the others wait at the next step
+                cbs.append(PeriodicProbe(s["canary_every"], probe, run_dir / "canary.jsonl"))
         res = run_grpo(inp, _tasks(s["level"]), d, steps=s["steps"], lr=c["lr"], lora_rank=c["lora_rank"],
                        num_generations=c["rollouts"], groups_per_step=c["groups_per_step"],
                        temperature=c["temperature"], max_new_tokens=op["max_new_tokens"], seed=c["seed"],
                        save_steps=c["save_steps"], replay_tasks=replay, replay_share=s["replay_share"], callbacks=cbs,
                        thinking=op["thinking"], reward=campaign_reward(c), **trl_settings(c), **report)
+    if not is_main_rank():                          # under accelerate launch: rank 0 alone probes and writes records
+        return res
     write_text_atomic(run_dir / f"metrics_{k}.json", json.dumps(res["log_history"], indent=0))
     name = _probe(state, res["final_dir"], k)
     out = {"probe": name, **{x: res[x] for x in ("final_dir", "global_step", "resumed_from_step", "seconds", "n_rows")},
-           "time_shares": res.get("time_shares"), "operating_point": op}
+           "time_shares": res.get("time_shares"), "operating_point": op, "ranks": res.get("ranks")}
     write_text_atomic(run_dir / f"stage_{k}.json", json.dumps(out, indent=1))
     return out
 
 # %% ../nbs/09_campaign.ipynb #7c91feb3
 POLL_S = 0.5   # how often the parent reads progress.jsonl while a stage runs
 
-def _sub(run_dir, k, log, report_to: str = "none", run_name: str = "", progress=None) -> None:
-    """Run stage `k` as a subprocess (stdout+stderr → `log`); the tracker's directory goes in its environment
-    (set before TRL imports trackio). While it runs, new `progress.jsonl` rows go to `progress(row)`."""
-    cmd = [sys.executable, "-m", "pixrl.campaign", "stage", "--run-dir", str(run_dir), "--stage", str(k),
-           "--report-to", report_to]
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+def stage_command(run_dir, k, report_to: str = "none", num_processes: int = 1) -> list[str]:
+    """The command of stage `k`: `python -m pixrl.campaign stage ...`, under `accelerate launch --num_processes N`
+    when N > 1, through accelerate's torchrun launcher (`--multi_gpu`; accelerate's `--cpu` would start one process):
+    NCCL with CUDA, gloo without it (the stage's TrainingArguments set `use_cpu`); a free rendezvous port each time."""
+    stage = ["-m", "pixrl.campaign", "stage", "--run-dir", str(run_dir), "--stage", str(k), "--report-to", report_to]
+    if num_processes == 1:
+        return [sys.executable, *stage]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(num_processes),
+            "--num_machines", "1", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(_free_port()), *stage]
+
+def _sub(run_dir, k, log, report_to: str = "none", run_name: str = "", progress=None, num_processes: int = 1) -> None:
+    """Run stage `k` as a subprocess (stdout+stderr → `log`; `num_processes` > 1: under `accelerate launch`);
+    the tracker's directory goes in its environment (set before TRL imports trackio). While it runs, new
+    `progress.jsonl` rows go to `progress(row)`."""
+    cmd = stage_command(run_dir, k, report_to, num_processes)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **tracker_env(run_dir, report_to, run_name)}
     path = Path(run_dir) / PROGRESS_FILE
     offset = path.stat().st_size if path.exists() else 0          # only rows this attempt writes
@@ -558,7 +600,8 @@ def _run_locked(cfg: CampaignConfig, plan: RunPlan, verbose: bool) -> dict:
         _sub(rd, "preflight", log)
         state["preflight_passed"] = _now()
         save_state(rd, state)
-    if not state["base_probe"] and all(s["status"] in ("done", "gate_failed", "forked") for s in state["stages"]):
+    pending = not all(s["status"] in ("done", "gate_failed", "forked") for s in state["stages"])
+    if not state["base_probe"] and (not pending or cfg.num_processes > 1):   # a multi-process stage does not probe
         say("base probe")
         _sub(rd, "base", log)
         _base_done()
@@ -578,7 +621,8 @@ def _run_locked(cfg: CampaignConfig, plan: RunPlan, verbose: bool) -> dict:
             say("base probe (in the first stage's process)")
         if bar:
             bar.start(k, s.name)
-        _sub(rd, k, log, cfg.report_to, stage_run_name(k, s.name), bar.update if bar else None)
+        n_proc = cfg.num_processes if s.kind != "sft" else 1          # SFT stages: one process (not yet tested under accelerate)
+        _sub(rd, k, log, cfg.report_to, stage_run_name(k, s.name), bar.update if bar else None, n_proc)
         _base_done()
         out = read_json(rd / f"stage_{k}.json", "stage record")
         rec.update(out)

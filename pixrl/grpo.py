@@ -2,7 +2,7 @@
 
 # %% ../nbs/07_grpo.ipynb #b88afa78
 from __future__ import annotations
-import dataclasses, importlib.util, json, os, time
+import dataclasses, hashlib, importlib.util, json, os, time
 from pathlib import Path
 import numpy as np
 import torch
@@ -21,7 +21,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 datasets.disable_progress_bars()
 
 # %% auto #0
-__all__ = ['replay_mix', 'rl_dataset', 'sft_dataset', 'PixGRPOTrainer', 'PeriodicProbe', 'time_shares', 'ProgressLog', 'has_cuda',
+__all__ = ['replay_mix', 'rl_dataset', 'sft_dataset', 'rank', 'world_size', 'is_main_rank', 'per_device_batch', 'PixGRPOTrainer',
+           'PeriodicProbe', 'time_shares', 'params_digest', 'rank_record', 'ProgressLog', 'has_cuda',
            'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint', 'grpo_config', 'run_grpo', 'run_sft']
 
 # %% ../nbs/07_grpo.ipynb #4c55cd8b
@@ -57,12 +58,37 @@ def sft_dataset(policy: Policy, tasks: list) -> Dataset:
         return Dataset.from_dict(rows)
     return Dataset.from_dict({"prompt": [policy.prompt(t) for t in tasks], "completion": answers})
 
+# %% ../nbs/07_grpo.ipynb #f8f047fd
+def rank() -> int:
+    "This process's rank under `accelerate launch` / torchrun (`RANK`); 0 in a plain process."
+    return int(os.environ.get("RANK", "0"))
+
+def world_size() -> int:
+    "The number of processes of this stage (`WORLD_SIZE`); 1 in a plain process."
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+def is_main_rank() -> bool:
+    "True in the process that writes the stage's records (rank 0)."
+    return rank() == 0
+
+def per_device_batch(global_batch: int) -> int:
+    "Completions per rank per optimizer step: the campaign's global batch split evenly over `world_size()` ranks."
+    n = world_size()
+    if global_batch % n:
+        raise ValueError(f"a global batch of {global_batch} completions does not split over {n} processes; "
+                         f"accepted: a process count that divides {global_batch}")
+    return global_batch // n
+
 # %% ../nbs/07_grpo.ipynb #014c6b9d
 class PixGRPOTrainer(GRPOTrainer):
-    "GRPOTrainer that logs `time/generation_s` and `time/evaluation_s` per step."
+    """GRPOTrainer that logs `time/generation_s` and `time/evaluation_s` per step, and counts the completions this
+    process generated (`generated`: under `accelerate launch` each rank generates its share of the batch)."""
+    generated = 0
+
     def _generate(self, prompts):
         t = time.perf_counter()
         out = super()._generate(prompts)
+        self.generated += len(prompts)                   # this rank's prompts, one per completion
         self._metrics["train"]["time/generation_s"].append(time.perf_counter() - t)
         return out
 
@@ -97,6 +123,27 @@ def time_shares(log_history: list[dict]) -> dict:
     ev = sum(r.get("time/evaluation_s", 0.0) for r in rows)
     return {"generation": gen / tot, "evaluation": ev / tot, "optimisation": max(0.0, tot - gen - ev) / tot,
             "step_s": tot / len(rows), "steps": len(rows)}
+
+# %% ../nbs/07_grpo.ipynb #bd867ffc
+def params_digest(model) -> str:
+    "sha256 (16 hex) of the model's trainable parameters, in name order: equal digests ⇔ equal trainable weights."
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        if p.requires_grad:
+            h.update(name.encode())
+            h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+def rank_record(trainer, start_digest: str | None = None) -> dict:
+    """{rank, world_size, generated, per_device_batch, global_batch, global_step, params_digest, params_digest_start}
+    of this process (`start_digest`: `params_digest` before training, to show that the weights moved)."""
+    a = trainer.args
+    n = trainer.accelerator.num_processes
+    return {"rank": rank(), "world_size": n, "generated": getattr(trainer, "generated", None),
+            "per_device_batch": a.per_device_train_batch_size,
+            "global_batch": a.per_device_train_batch_size * n * a.gradient_accumulation_steps,
+            "global_step": trainer.state.global_step, "params_digest": params_digest(trainer.model),
+            "params_digest_start": start_digest}
 
 # %% ../nbs/07_grpo.ipynb #c2ae119e
 class ProgressLog(TrainerCallback):
@@ -177,14 +224,16 @@ def grpo_config(out_dir, steps: int, *, lr: float, num_generations: int, groups_
                 num_iterations: int,
                 use_vllm: bool | None = None, chat_template_kwargs: dict | None = None, report_to: str = "none",
                 project: str = "pixrl", run_name: str | None = None) -> GRPOConfig:
-    """GRPOConfig for one pix RL stage (batch = `groups_per_step` × G completions, one optimizer step per batch).
+    """GRPOConfig for one pix RL stage (batch = `groups_per_step` × G completions, one optimizer step per batch;
+    under `accelerate launch` that global batch is split evenly over the processes: `per_device_batch`).
     The knobs have no defaults here: a campaign passes its `CampaignConfig` (the single source of defaults)."""
     if num_generations < 2:
         raise ValueError(f"num_generations must be >= 2 (GRPO needs a group), got {num_generations!r}")
     vllm = resolve_use_vllm(use_vllm)
     extra = {"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.35} if vllm else {}
     return GRPOConfig(**_common_args(out_dir, steps, lr, seed, save_steps, report_to, project, run_name),
-                      per_device_train_batch_size=num_generations * groups_per_step, gradient_accumulation_steps=1,
+                      per_device_train_batch_size=per_device_batch(num_generations * groups_per_step),
+                      gradient_accumulation_steps=1,
                       num_generations=num_generations, max_completion_length=max_new_tokens, temperature=temperature,
                       top_k=0, top_p=1.0, beta=beta, scale_rewards=scale_rewards, loss_type=loss_type,
                       num_iterations=num_iterations,
@@ -193,6 +242,18 @@ def grpo_config(out_dir, steps: int, *, lr: float, num_generations: int, groups_
                       chat_template_kwargs=chat_template_kwargs or None, **extra)
 
 # %% ../nbs/07_grpo.ipynb #02122d30
+def _finish_ranks(trainer, out_dir: Path, start_digest: str | None) -> list[dict] | None:
+    """Under `accelerate launch`: each rank writes `rank_<r>.json` (`rank_record`), all wait, and the main rank
+    returns every rank's record (other ranks: None). One process: None (nothing written)."""
+    if world_size() == 1:
+        return None
+    path = out_dir / f"rank_{rank()}.json"
+    path.write_text(json.dumps(rank_record(trainer, start_digest), indent=1))
+    trainer.accelerator.wait_for_everyone()
+    if not is_main_rank():
+        return None
+    return [json.loads((out_dir / f"rank_{r}.json").read_text()) for r in range(world_size())]
+
 def _train_resumable(trainer, policy, out_dir: Path, meta: dict) -> dict:
     """Train from the last complete checkpoint in `out_dir` (none: from scratch), then save metrics and final weights.
     A checkpoint at the stage's last step (training ended, the final save was lost) is loaded, not trained on:
@@ -202,16 +263,21 @@ def _train_resumable(trainer, policy, out_dir: Path, meta: dict) -> dict:
     resumed = int(last.rsplit("-", 1)[1]) if last else 0
     t0 = time.perf_counter()
     done = TrainerState.load_from_json(str(Path(last) / "trainer_state.json")) if last else None
+    start_digest = params_digest(trainer.model) if world_size() > 1 else None
     if done is not None and done.max_steps > 0 and done.global_step >= done.max_steps:
         trainer._load_from_checkpoint(last)
         trainer.state = done
     else:
         trainer.train(resume_from_checkpoint=last)
     hist = trainer.state.log_history
+    ranks = _finish_ranks(trainer, out_dir, start_digest)
+    out = {"final_dir": None, "global_step": trainer.state.global_step, "resumed_from_step": resumed,
+           "log_history": hist, "seconds": time.perf_counter() - t0}
+    if not is_main_rank():                   # the main rank alone writes metrics and the final weights
+        return out
     (out_dir / "metrics.json").write_text(json.dumps(hist, indent=0))
     final = _finish(trainer, policy, out_dir, meta)
-    return {"final_dir": str(final), "global_step": trainer.state.global_step, "resumed_from_step": resumed,
-            "log_history": hist, "seconds": time.perf_counter() - t0}
+    return {**out, "final_dir": str(final), "seconds": time.perf_counter() - t0, "ranks": ranks}
 
 
 def _finish(trainer, policy: Policy, out_dir: Path, meta: dict) -> Path:
