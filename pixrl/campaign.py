@@ -500,6 +500,18 @@ def stage_command(run_dir, k, report_to: str = "none", num_processes: int = 1) -
             "--num_machines", "1", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
             "--main_process_port", str(_free_port()), *stage]
 
+def _stop(proc, num_processes: int) -> None:
+    "Stop a stage process: SIGKILL; under accelerate SIGTERM first, which torchrun forwards to its worker ranks."
+    if num_processes > 1:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    proc.kill()
+    proc.wait()
+
 def _sub(run_dir, k, log, report_to: str = "none", run_name: str = "", progress=None, num_processes: int = 1) -> None:
     """Run stage `k` as a subprocess (stdout+stderr → `log`; `num_processes` > 1: under `accelerate launch`);
     the tracker's directory goes in its environment (set before TRL imports trackio). While it runs, new
@@ -523,8 +535,7 @@ def _sub(run_dir, k, log, report_to: str = "none", run_name: str = "", progress=
                     break
                 time.sleep(POLL_S)
         except BaseException:                  # an interrupted kernel or a failed display: the stage stops with it
-            proc.kill()
-            proc.wait()
+            _stop(proc, num_processes)
             raise
     if proc.returncode != 0:
         tail = Path(log).read_text()[-3000:]
