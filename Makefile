@@ -5,7 +5,7 @@ PY    := $(CURDIR)/$(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STAMP := $(VENV)/.pixrl-setup
 
-.PHONY: setup test train probe lab bench-eval fuzz-eval gpu-check gpu-wheels tiny base export clean-nbs
+.PHONY: setup test train probe lab bench-eval fuzz-eval gpu-check gpu-wheels tiny base mem-base mem-ablation export clean-nbs
 
 setup: $(STAMP)
 
@@ -56,6 +56,15 @@ gpu-wheels:
 # sha256 in data/models/SHA256SUMS.
 base: setup
 	papermill nbs/base.ipynb runs/base_model.ipynb --cwd nbs
+
+# Rebuild pixrl-mem-base, the mem line's default (pixrl.mem.model; ~40 min on 2 free cores; resumable from its last
+# good checkpoint in $PIXRL_CACHE/mem-base-work). Then record the printed sha256 in data/models/SHA256SUMS.
+mem-base: setup
+	papermill nbs/mem_base.ipynb runs/mem_base_model.ipynb --cwd nbs
+
+# The mem credit-assignment ablation on pixrl-mem-base: 3 arms x 3 seeds, resumable (finished arm-seeds are skipped).
+mem-ablation: setup
+	papermill nbs/mem_ablation.ipynb runs/mem_ablation.ipynb --cwd nbs
 
 # Rebuild pixrl-tiny from its seed (~35 min on 2 free cores); the committed copy is in data/models/pixrl-tiny.
 tiny: setup

@@ -6,7 +6,7 @@ from dataclasses import dataclass, asdict
 import numpy as np
 
 # %% auto #0
-__all__ = ['PairedCI', 'paired_bootstrap', 'per_task_means']
+__all__ = ['PairedCI', 'paired_bootstrap', 'per_task_means', 'SeedCI', 'seed_ci']
 
 # %% ../nbs/15_stats.ipynb #def0c08d
 @dataclass(frozen=True)
@@ -59,3 +59,38 @@ def per_task_means(samples: list[dict], metric: str, task_ids: list[str]) -> np.
     if missing:
         raise ValueError(f"per_task_means: no samples for {len(missing)} task(s), e.g. {missing[0]!r}")
     return np.array([sums[t] / counts[t] for t in task_ids])
+
+# %% ../nbs/15_stats.ipynb #139895be
+@dataclass(frozen=True)
+class SeedCI:
+    "The mean over seeds and its Student-t 95% interval."
+    mean: float
+    lo: float
+    hi: float
+    n_seeds: int
+
+    @property
+    def verdict(self) -> str:
+        "'above 0' iff lo > 0, 'below 0' iff hi < 0, else 'no difference detected' (for differences)."
+        if self.lo > 0:
+            return "above 0"
+        if self.hi < 0:
+            return "below 0"
+        return "no difference detected"
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), verdict=self.verdict)
+
+
+def seed_ci(values, level: float = 0.95) -> SeedCI:
+    """Student-t interval of the mean of `values` (one per seed): mean ± t_{(1+level)/2}(n−1) · s/√n, s with
+    ddof 1. Needs ≥ 2 finite values; ValueError naming them otherwise."""
+    from scipy.stats import t as student_t
+    v = np.asarray(values, dtype=float)
+    if v.ndim != 1 or v.size < 2 or not np.all(np.isfinite(v)):
+        raise ValueError(f"seed_ci needs ≥ 2 finite values, one per seed; got {values!r}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1); got {level!r}")
+    m, se = float(v.mean()), float(v.std(ddof=1) / np.sqrt(v.size))
+    half = float(student_t.ppf((1 + level) / 2, v.size - 1)) * se
+    return SeedCI(m, m - half, m + half, int(v.size))

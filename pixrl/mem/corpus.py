@@ -16,8 +16,8 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['CORPUS_FORMAT', 'KINDS', 'Chunk', 'Record', 'validate_record', 'Project', 'generate_projects', 'label_chunks',
-           'cohen_kappa', 'audit_labels', 'generate_corpus', 'fixture_corpus', 'KappaError', 'corpus_digest',
-           'export_corpus', 'load_corpus', 'split_by_project']
+           'cohen_kappa', 'audit_labels', 'generate_corpus', 'fixture_corpus', 'KappaError', 'check_kappa',
+           'corpus_digest', 'export_corpus', 'load_corpus', 'split_by_project']
 
 # %% ../../nbs/20_mem_corpus.ipynb #e31ba7a1
 CORPUS_FORMAT = "pixrl.mem.corpus/v1"
@@ -386,7 +386,8 @@ class KappaError(ValueError):
     "A corpus whose labeler agreement (Cohen's κ) was never measured or is below the threshold."
 
 
-def _check_kappa(kappa, min_kappa: float, where: str) -> float:
+def check_kappa(kappa, min_kappa: float, where: str) -> float:
+    "`kappa` as a float; KappaError (naming `where`, the value and the threshold) when it is None, not finite or below `min_kappa`."
     if kappa is None:
         raise KappaError(f"{where}: the labeler's Cohen's kappa was never measured (kappa=None); measure it on an "
                          "audit sample (audit_labels) before training on these labels")
@@ -414,7 +415,7 @@ def export_corpus(path, records: Sequence[Record], kappa: float | None, min_kapp
     """Write the JSONL corpus. Refuses (KappaError) when `kappa` is None, NaN or < `min_kappa`; ValueError for an
     invalid record or duplicate ids. `meta` (e.g. from `generate_corpus`) is stored in the metadata line;
     `audit_size` defaults to `meta["audit_records"]`. Returns the path."""
-    kappa = _check_kappa(kappa, min_kappa, "export_corpus refuses to write")
+    kappa = check_kappa(kappa, min_kappa, "export_corpus refuses to write")
     records = list(records)
     if not records:
         raise ValueError("export_corpus: no records to write")
@@ -453,7 +454,7 @@ def load_corpus(path, min_kappa: float = 0.8) -> tuple[list[Record], dict]:
     meta = first["meta"]
     if meta.get("format") != CORPUS_FORMAT:
         raise ValueError(f"load_corpus: {path} has format {meta.get('format')!r}; accepted: {CORPUS_FORMAT!r}")
-    _check_kappa(meta.get("kappa"), min_kappa, f"load_corpus refuses {path}")
+    check_kappa(meta.get("kappa"), min_kappa, f"load_corpus refuses {path}")
     records = []
     for n, line in enumerate(lines[1:], start=2):
         if line.strip():

@@ -16,9 +16,10 @@ from .env import turn_prompt, answer_prompt, format_turn, TURN_HEADER, ANSWER_HE
 
 # %% auto #0
 __all__ = ['PROTOCOL_TAGS', 'SPECIAL_TOKENS', 'TINY_TURN_HEADER', 'TINY_ANSWER_HEADER', 'CPU_CORPUS', 'VAL_FRACTION',
-           'build_tokenizer', 'generator_words', 'question_subject', 'mentions', 'warm_start_pairs', 'MemTinyConfig',
-           'build_model', 'encode_pairs', 'label_loss', 'warm_start', 'cpu_corpus', 'mem_tiny_dir', 'build_mem_tiny',
-           'ensure_mem_tiny']
+           'MEM_BASE_NAME', 'build_tokenizer', 'generator_words', 'question_subject', 'mentions', 'warm_start_pairs',
+           'MemTinyConfig', 'build_model', 'encode_pairs', 'label_loss', 'warm_start', 'cpu_corpus', 'mem_tiny_dir',
+           'build_mem_tiny', 'ensure_mem_tiny', 'MemBaseConfig', 'pretrain_corpus', 'base_batch', 'train_mem_base',
+           'mem_base_dir', 'build_mem_base']
 
 # %% ../../nbs/23_mem_model.ipynb #03d2892b
 PROTOCOL_TAGS = ("<check>", "</check>", "<update>", "</update>", "<next>", "</next>")
@@ -205,3 +206,153 @@ def ensure_mem_tiny(path=None) -> Path:
     print(f"pixrl-mem-tiny not found; building it in {cached} (a few minutes on CPU)")
     build_mem_tiny(cached)
     return cached
+
+# %% ../../nbs/23_mem_model.ipynb #0e6dc72c
+MEM_BASE_NAME = "pixrl-mem-base"
+
+@dataclass
+class MemBaseConfig:
+    """pixrl-mem-base, the mem line's competent default: its size, its pretraining corpus and its schedule.
+    Each choice is measured against the alternatives in `runs/mem_base_model.ipynb`."""
+    hidden_size: int = 128            # d_model (pixrl-mem-tiny: 64)
+    num_layers: int = 4               # decoder layers (tiny: 2)
+    num_heads: int = 4                # attention heads
+    num_kv_heads: int = 2             # key/value heads (grouped-query attention)
+    intermediate_size: int = 384      # MLP width
+    max_positions: int = 1024         # rotary positions
+    n_projects: int = 2000            # pretraining projects, generated with `corpus_seed`, before the exclusion below
+    questions_per_project: int = 16   # questions (= documents) per pretraining project
+    corpus_seed: int = 1000           # generator seed of the pretraining corpus (the RL corpus is cpu_corpus(seed), seed 0, 1, ...)
+    exclude_seeds: tuple = (0, 1, 2, 3, 4)   # projects named like a project of cpu_corpus(s), s in these, are dropped
+    min_kappa: float = 0.8            # the labeler's κ on the pretraining corpus must reach this (KappaError otherwise)
+    p_yes_free: float = 0.5           # P(yes) on evidence-free chunks that do not mention the subject (the warm-start bias)
+    steps: int = 5000                 # optimizer steps (the held-out curve: runs/mem_base_model.ipynb)
+    batch: int = 32                   # (prompt, completion) turns per step, drawn without replacement per step
+    lr: float = 1e-3                  # peak AdamW learning rate (no weight decay, grad-norm clip 1.0)
+    warmup: int = 50                  # linear warm-up steps, then cosine to `min_lr_frac` · lr
+    min_lr_frac: float = 0.05         # floor of the cosine schedule
+    ckpt_every: int = 250             # steps between checkpoints (resumable; the last two are kept)
+    seed: int = 0                     # model init and batch order
+
+    def lr_at(self, step: int) -> float:
+        "Learning rate of optimizer step `step` (0-based): warm-up, then cosine to min_lr_frac · lr."
+        warm = min(1.0, (step + 1) / max(1, self.warmup))
+        cos = 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, self.steps))))
+        return self.lr * warm * (self.min_lr_frac + (1 - self.min_lr_frac) * cos)
+
+    def fingerprint(self) -> str:
+        "A short digest of this config: checkpoints of one config never resume another (the work dir's name)."
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+# %% ../../nbs/23_mem_model.ipynb #00a870a8
+def pretrain_corpus(cfg: MemBaseConfig = MemBaseConfig()) -> tuple[list, dict]:
+    """(records, meta) of pixrl-mem-base's pretraining corpus: `generate_corpus` with the CPU corpus's document
+    shape, `cfg.n_projects` projects from `cfg.corpus_seed`, minus every project named like a project of
+    `cpu_corpus(s)` for s in `cfg.exclude_seeds` (the RL corpora: their held-out projects are never seen).
+    KappaError when the labeler's κ on the audit sample is below `cfg.min_kappa`."""
+    spec = {k: v for k, v in CPU_CORPUS.items() if k != "n_projects" and k != "questions_per_project"}
+    records, meta = mem_corpus.generate_corpus(n_projects=cfg.n_projects, questions_per_project=cfg.questions_per_project,
+                                               seed=cfg.corpus_seed, **spec)
+    mem_corpus.check_kappa(meta["kappa"], cfg.min_kappa, f"pixrl-mem-base pretraining corpus (seed {cfg.corpus_seed})")
+    excluded = {r.project for s in cfg.exclude_seeds for r in cpu_corpus(s)[0]}
+    kept = [r for r in records if r.project not in excluded]
+    meta = dict(meta, n_records=len(kept), excluded_projects=sorted({r.project for r in records} & excluded),
+                n_projects_kept=len({r.project for r in kept}), digest=mem_corpus.corpus_digest(kept))
+    return kept, meta
+
+# %% ../../nbs/23_mem_model.ipynb #e8f846ba
+def base_batch(pairs, cfg: MemBaseConfig, step: int) -> list:
+    "The (prompt, completion) pairs of optimizer step `step`: a draw without replacement seeded by (seed, step), so a resumed run sees the same batches."
+    rng = random.Random(cfg.seed * 1_000_003 + step)
+    return rng.sample(pairs, min(cfg.batch, len(pairs)))
+
+def train_mem_base(cfg: MemBaseConfig, work_dir, stop_after: int | None = None, log_every: int = 100,
+                   on_log=None) -> tuple:
+    """Pretrain (or resume) pixrl-mem-base in `work_dir` on the warm-start turns of `pretrain_corpus(cfg)`.
+    Returns (model, tokenizer, log, info). Checkpoints (`pixrl.base.save_checkpoint`: atomic, sha256-checked)
+    every `cfg.ckpt_every` steps; a corrupt or half-written newest checkpoint is passed over (and said so).
+    `stop_after`: return after that many steps of this call (an interruption, for tests).
+    `on_log(step, model, tokenizer)` every `log_every` steps (the model in eval mode)."""
+    from pixrl.base import save_checkpoint, latest_checkpoint
+    from pixrl.core import Timer
+    work = Path(work_dir)
+    records, meta = pretrain_corpus(cfg)
+    tok = build_tokenizer([p + c for p, c in warm_start_pairs(records[:4000], p_yes_free=1.0, seed=cfg.seed)], generator_words())
+    pairs = warm_start_pairs(records, cfg.p_yes_free, cfg.seed)
+    model = build_model(tok, cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: cfg.lr_at(t) / cfg.lr)
+    start, log = 0, []
+    ckpt, skipped = latest_checkpoint(work / "ckpt")
+    for why in skipped:
+        print(f"resume: skipped {why}")
+    if ckpt is not None:
+        state = torch.load(ckpt, weights_only=False)
+        if state["config"] != asdict(cfg):
+            raise ValueError(f"{ckpt}: written for config {state['config']}, not {asdict(cfg)}; use a fresh work_dir")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        start, log = state["step"], state["log"]
+        print(f"resume: from {ckpt.name} (step {start})")
+    model.train()
+    ran, window = 0, []
+    with Timer() as t:
+        for step in range(start, cfg.steps):
+            ids, att, lab = encode_pairs(tok, base_batch(pairs, cfg, step))   # (B, T) each
+            loss = label_loss(model, ids, att, lab)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            ran += 1
+            done = step + 1
+            window.append(loss.item())
+            if done % log_every == 0 or done == cfg.steps:
+                log.append({"step": done, "loss": round(sum(window) / len(window), 4), "lr": cfg.lr_at(step)})
+                window = []
+                print(log[-1], flush=True)
+                if on_log is not None:
+                    model.eval()
+                    on_log(done, model, tok)
+                    model.train()
+            if done % cfg.ckpt_every == 0 or done == cfg.steps or (stop_after and ran >= stop_after):
+                save_checkpoint(work / "ckpt", done, {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                                      "scheduler": sched.state_dict(), "step": done, "log": log,
+                                                      "config": asdict(cfg)})
+            if stop_after and ran >= stop_after:
+                break
+    model.eval()
+    info = dict(steps_done=start + ran, resumed_from=start, seconds_this_run=round(t.seconds, 1),
+                n_params=sum(p.numel() for p in model.parameters()), vocab_size=len(tok),
+                corpus={k: meta[k] for k in ("n_records", "n_projects_kept", "kappa", "digest", "excluded_projects")},
+                n_pairs=len(pairs))
+    return model, tok, log, info
+
+def mem_base_dir() -> Path:
+    "Where the committed pixrl-mem-base lives: <repo>/data/models/pixrl-mem-base."
+    from pixrl.core import repo_root
+    return Path(repo_root()) / "data" / "models" / MEM_BASE_NAME
+
+def build_mem_base(out_dir, work_dir, cfg: MemBaseConfig = MemBaseConfig(), log_every: int = 100, on_log=None) -> dict:
+    """Pretrain (resumably, in `work_dir`) and save pixrl-mem-base to `out_dir` (an ordinary HF directory +
+    `pixrl_mem_base.json`); returns the build info with the weights' sha256 (to record in data/models/SHA256SUMS)."""
+    from pixrl.core import run_record
+    from pixrl.policy import model_dir_sha256
+    model, tok, log, info = train_mem_base(cfg, work_dir, log_every=log_every, on_log=on_log)
+    if info["steps_done"] != cfg.steps:
+        raise RuntimeError(f"build_mem_base: stopped at step {info['steps_done']} of {cfg.steps}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    reloaded = AutoTokenizer.from_pretrained(out)               # the path transformers serve takes
+    probe_records, _ = cpu_corpus(0)
+    for p, c in warm_start_pairs(probe_records[:20], p_yes_free=1.0):
+        if reloaded(p + c, add_special_tokens=False)["input_ids"] != tok(p + c, add_special_tokens=False)["input_ids"]:
+            raise RuntimeError(f"AutoTokenizer.from_pretrained({out}) does not reproduce the built tokenizer on {p + c!r}")
+    info = dict(name=MEM_BASE_NAME, config=asdict(cfg), log=log, **info, sha256=model_dir_sha256(out),
+                run_record=run_record(seed=cfg.seed, data_digest=info["corpus"]["digest"]))
+    (out / "pixrl_mem_base.json").write_text(json.dumps(info, indent=1, default=str))
+    return info

@@ -18,8 +18,8 @@ from ..tracking import Tracker, check_report_to, tracker_dir
 # %% auto #0
 __all__ = ['GPU_DEFAULTS', 'MemTrainConfig', 'cpu_corpus', 'Gen', 'HFPolicy', 'make_policy', 'VLLMPolicy', 'Trajectory',
            'rollout', 'Row', 'group_rows', 'batch_rows', 'pack_rows', 'completion_logprobs', 'clipped_token_loss',
-           'k3_kl', 'trajectory_metrics', 'gate_probe', 'resolve_model_path', 'load_lora_policy', 'MemGRPOTrainer',
-           'format_metrics', 'plateaued']
+           'k3_kl', 'trajectory_metrics', 'heldout_metrics', 'gate_probe', 'resolve_model_path', 'load_lora_policy',
+           'MemGRPOTrainer', 'format_metrics', 'plateaued']
 
 # %% ../../nbs/22_mem_train.ipynb #bd56fe84
 @dataclass
@@ -335,6 +335,20 @@ def trajectory_metrics(trajs: Sequence[Trajectory], prefix: str = "") -> dict:
          "prompt/truncated": float(np.mean([g.truncated_prompt for tr in trajs for g in tr.turns]))}
     return {prefix + k: v for k, v in m.items()}
 
+# %% ../../nbs/22_mem_train.ipynb #c7eeb0fd
+@torch.no_grad()
+def heldout_metrics(policy, records, cfg: MemTrainConfig, rollouts: int = 4, seed: int = 10_007) -> dict:
+    """The agent on `records` (held-out projects): `rollouts` episodes per record under validation sampling
+    (`cfg.val_temperature`, `cfg.val_top_p`). Keys: outcome (exact match), format (strict, whole trajectory),
+    update_acc_free / update_acc_evidence (gate accuracy on evidence-free / evidence chunks), exact_exit, reward
+    (r_traj), resp_tokens (per memory turn), n_episodes."""
+    trajs = rollout(policy, records, rollouts, cfg.val_temperature, cfg.val_top_p, seed=seed,
+                    turn_header=cfg.turn_header, answer_header=cfg.answer_header)
+    m = trajectory_metrics(trajs)
+    return dict(outcome=m["reward/outcome"], format=m["format/correct"], update_acc_free=m["gate/acc_free"],
+                update_acc_evidence=m["gate/acc_evidence"], exact_exit=m["exit/exact_ratio"], reward=m["reward/traj"],
+                resp_tokens=m["resp/mean_tokens"], n_episodes=len(trajs))
+
 # %% ../../nbs/22_mem_train.ipynb #f4b25411
 @torch.no_grad()
 def gate_probe(model, tokenizer, records, cfg: MemTrainConfig = MemTrainConfig(), max_records: int = 48) -> dict:
@@ -370,10 +384,17 @@ def gate_probe(model, tokenizer, records, cfg: MemTrainConfig = MemTrainConfig()
 
 # %% ../../nbs/22_mem_train.ipynb #ae2defc5
 def resolve_model_path(name: str) -> str:
-    "`pixrl-mem-tiny` → the committed/built model dir (`pixrl.mem.model.ensure_mem_tiny`); anything else unchanged."
+    """`pixrl-mem-tiny` → the committed/built model dir (`pixrl.mem.model.ensure_mem_tiny`); `pixrl-mem-base` →
+    the committed `data/models/pixrl-mem-base`, refused (ValueError naming both digests) unless its weights match
+    the sha256 recorded in `data/models/SHA256SUMS`; anything else unchanged."""
+    from pixrl.mem.model import ensure_mem_tiny, mem_base_dir, MEM_BASE_NAME
     if name == "pixrl-mem-tiny":
-        from pixrl.mem.model import ensure_mem_tiny
         return str(ensure_mem_tiny())
+    if name == MEM_BASE_NAME:
+        from pixrl.policy import check_model_dir
+        if not (mem_base_dir() / "model.safetensors").exists():
+            raise ValueError(f"{MEM_BASE_NAME}: no model at {mem_base_dir()}; build it with `make mem-base`")
+        return check_model_dir(mem_base_dir(), MEM_BASE_NAME)
     return name
 
 def load_lora_policy(cfg: MemTrainConfig):
