@@ -164,7 +164,7 @@ def _as_levels(value) -> tuple:
 
 # fields added after campaigns were recorded, with the value they had then: at that value they leave the
 # fingerprint unchanged, so a recorded state.json still matches its config
-LATER_FIELDS = {"num_iterations": 1, "num_processes": 1}
+LATER_FIELDS = {"num_iterations": 1, "num_processes": 1, "sft_batch": 16}
 
 @dataclasses.dataclass
 class CampaignConfig:
@@ -190,6 +190,7 @@ class CampaignConfig:
     sft_levels: tuple | None = None    # levels with an SFT stage; None: the arm's default (arms B, C, F, I refuse any)
     sft_epochs: float = 1.0            # SFT epochs over a level's train tasks
     sft_lr: float = 1e-3               # SFT learning rate
+    sft_batch: int = 16                # SFT examples per optimizer step, over all processes (each rank takes sft_batch / num_processes)
     fork_from: str | None = None       # run directory of a finished A campaign to fork (arms E/F)
     fork_through: int | None = None    # last stage copied from the fork; None: the arm's default
     exec_slack: float = EXEC_SLACK     # relative gate: the exec-rate loss an SFT insertion may cause
@@ -200,7 +201,7 @@ class CampaignConfig:
     save_steps: int = 5                # checkpoint every this many optimizer steps (resume granularity)
     preflight_control_n: int = 40      # validation tasks in the preflight's ground-truth positive control
     report_to: str = "none"            # step-metric tracker (pixrl.tracking): none | trackio | tensorboard, in <run_dir>/tracking/
-    num_processes: int = 1             # processes of each GRPO stage (accelerate launch: gloo on CPU, NCCL on GPU); the batch stays groups_per_step · rollouts
+    num_processes: int = 1             # processes of each GRPO and SFT stage (accelerate launch: gloo on CPU, NCCL on GPU); the batches stay as configured
 
     def __post_init__(self):
         self.arm = str(self.arm).upper()
@@ -254,6 +255,8 @@ def validate(cfg: CampaignConfig) -> RunPlan:
         raise ValueError(f"unknown reward policy {cfg.reward!r}; accepted: {', '.join(REWARD_POLICIES)}")
     check_report_to(cfg.report_to)                             # unknown tracker, or its package missing
     check_num_processes(cfg.num_processes, cfg.groups_per_step * cfg.rollouts)
+    if any(s.kind == "sft" for s in plan.stages):
+        check_num_processes(cfg.num_processes, cfg.sft_batch, "SFT examples per optimizer step (sft_batch)")
     if cfg.probe_k < 1 or cfg.probe_per_level < 1:
         raise ValueError("probe_k and probe_per_level must be >= 1")
     path = resolve_model(cfg.model)                            # missing path -> ValueError
@@ -285,14 +288,14 @@ def process_capacity() -> tuple[int, str]:
         return torch.cuda.device_count(), "CUDA devices"
     return os.cpu_count() or 1, "CPU cores"
 
-def check_num_processes(num_processes, global_batch: int) -> None:
-    "Refuse a `num_processes` the machine cannot run or the batch of `global_batch` completions cannot split over."
+def check_num_processes(num_processes, global_batch: int, batch_name: str = "completions (groups_per_step · rollouts)") -> None:
+    "Refuse a `num_processes` the machine cannot run or the batch of `global_batch` (`batch_name`) cannot split over."
     cap, what = process_capacity()
     if not (isinstance(num_processes, int) and 1 <= num_processes <= cap):
         raise ValueError(f"num_processes={num_processes!r}: this machine has {cap} {what}; accepted: an int from 1 to {cap}")
     if global_batch % num_processes:
-        raise ValueError(f"num_processes={num_processes!r} does not divide the batch of {global_batch} completions "
-                         "(groups_per_step · rollouts); accepted: a divisor of it")
+        raise ValueError(f"num_processes={num_processes!r} does not divide the batch of {global_batch} {batch_name}; "
+                         "accepted: a divisor of it")
 
 # %% ../nbs/09_campaign.ipynb #9640e54f
 def _now():
@@ -439,7 +442,7 @@ def run_stage(run_dir, k, report_to: str = "none") -> dict:
     c = state["config"]
     set_seed(c["seed"])
     op = operating_point(c)
-    from pixrl.grpo import is_main_rank, world_size
+    from pixrl.core import is_main_rank, world_size
     if k == "base" or not (state["base_probe"] or (run_dir / "stage_base.json").exists()):
         if world_size() > 1:
             raise RuntimeError("the base probe runs in one process: the parent runs it before a multi-process stage")
@@ -456,6 +459,7 @@ def run_stage(run_dir, k, report_to: str = "none") -> dict:
     progress = ProgressLog(run_dir / PROGRESS_FILE, k, s["name"])
     if s["kind"] == "sft":
         res = run_sft(inp, _tasks(s["level"]), d, epochs=s["epochs"], lr=c["sft_lr"], lora_rank=c["lora_rank"],
+                      batch_size=c.get("sft_batch", LATER_FIELDS["sft_batch"]),
                       seed=c["seed"], save_steps=c["save_steps"], max_steps=SMOKE_STEPS if c["smoke"] else -1,
                       thinking=op["thinking"], callbacks=[progress], **report)
     else:
@@ -632,7 +636,7 @@ def _run_locked(cfg: CampaignConfig, plan: RunPlan, verbose: bool) -> dict:
             say("base probe (in the first stage's process)")
         if bar:
             bar.start(k, s.name)
-        n_proc = cfg.num_processes if s.kind != "sft" else 1          # SFT stages: one process (not yet tested under accelerate)
+        n_proc = cfg.num_processes
         _sub(rd, k, log, cfg.report_to, stage_run_name(k, s.name), bar.update if bar else None, n_proc)
         _base_done()
         out = read_json(rd / f"stage_{k}.json", "stage record")

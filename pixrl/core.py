@@ -3,6 +3,7 @@
 # %% ../nbs/99_core.ipynb #53a6e3f2
 from __future__ import annotations
 import datetime as _dt
+import hashlib
 import json
 import os, platform, random, subprocess, sys, time
 from importlib import metadata
@@ -10,7 +11,8 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'PIXRL_META', 'repo_root', 'cache_dir', 'git_state',
-           'package_versions', 'run_record', 'Timer', 'set_seed', 'CorruptRecord', 'write_text_atomic', 'read_json']
+           'package_versions', 'run_record', 'Timer', 'set_seed', 'CorruptRecord', 'write_text_atomic', 'read_json',
+           'rank', 'world_size', 'is_main_rank', 'params_digest']
 
 # %% ../nbs/99_core.ipynb #5141a9af
 IN_TEST = bool(os.environ.get("IN_TEST"))  # set by nbdev_test: shrink notebook defaults under it
@@ -123,4 +125,27 @@ def read_json(path, what: str = "record"):
     except json.JSONDecodeError as e:
         raise CorruptRecord(f"{what} {p} is not valid JSON ({e.msg} at char {e.pos} of {len(text)}): it was "
                             "truncated or edited; restore it from git or delete the run directory to start afresh") from None
+
+
+# %% ../nbs/99_core.ipynb #976e4378
+def rank() -> int:
+    "This process's rank under `accelerate launch` / torchrun (`RANK`); 0 in a plain process."
+    return int(os.environ.get("RANK", "0"))
+
+def world_size() -> int:
+    "The number of processes of this stage (`WORLD_SIZE`); 1 in a plain process."
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+def is_main_rank() -> bool:
+    "True in the process that writes the stage's records (rank 0)."
+    return rank() == 0
+
+def params_digest(model) -> str:
+    "sha256 (16 hex) of the model's trainable parameters, in name order: equal digests ⇔ equal trainable weights."
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        if p.requires_grad:
+            h.update(name.encode())
+            h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 

@@ -16,14 +16,15 @@ from .policy import load_policy, save_policy, Policy, format_answer
 from .prompt import prompt_text, user_turn, thinking_kwargs
 from .reward import make_reward_fn, DEFAULT_REWARD
 from .tracking import append_progress, progress_row, trl_report_args
+from .core import rank, world_size, is_main_rank, params_digest   # the process helpers (99_core); re-exported here
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 datasets.disable_progress_bars()
 
 # %% auto #0
-__all__ = ['replay_mix', 'rl_dataset', 'sft_dataset', 'rank', 'world_size', 'is_main_rank', 'per_device_batch', 'PixGRPOTrainer',
-           'PeriodicProbe', 'time_shares', 'params_digest', 'rank_record', 'ProgressLog', 'has_cuda',
-           'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint', 'grpo_config', 'run_grpo', 'run_sft']
+__all__ = ['replay_mix', 'rl_dataset', 'sft_dataset', 'per_device_batch', 'PixGRPOTrainer', 'PixSFTTrainer', 'PeriodicProbe',
+           'time_shares', 'rank_record', 'ProgressLog', 'has_cuda', 'resolve_use_vllm', 'device_kw', 'lora_config',
+           'last_checkpoint', 'grpo_config', 'run_grpo', 'run_sft']
 
 # %% ../nbs/07_grpo.ipynb #4c55cd8b
 def replay_mix(tasks: list, replay_tasks: list, replay_share: float, seed: int = 0) -> list:
@@ -59,18 +60,6 @@ def sft_dataset(policy: Policy, tasks: list) -> Dataset:
     return Dataset.from_dict({"prompt": [policy.prompt(t) for t in tasks], "completion": answers})
 
 # %% ../nbs/07_grpo.ipynb #f8f047fd
-def rank() -> int:
-    "This process's rank under `accelerate launch` / torchrun (`RANK`); 0 in a plain process."
-    return int(os.environ.get("RANK", "0"))
-
-def world_size() -> int:
-    "The number of processes of this stage (`WORLD_SIZE`); 1 in a plain process."
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-def is_main_rank() -> bool:
-    "True in the process that writes the stage's records (rank 0)."
-    return rank() == 0
-
 def per_device_batch(global_batch: int) -> int:
     "Completions per rank per optimizer step: the campaign's global batch split evenly over `world_size()` ranks."
     n = world_size()
@@ -97,6 +86,14 @@ class PixGRPOTrainer(GRPOTrainer):
         out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._metrics["train"]["time/evaluation_s"].append(time.perf_counter() - t)
         return out
+
+class PixSFTTrainer(SFTTrainer):
+    "SFTTrainer that counts the examples this process trained on (`seen`: under `accelerate launch`, its shard)."
+    seen = 0
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        self.seen += len(inputs["input_ids"])             # this rank's micro-batch
+        return super().training_step(model, inputs, *args, **kwargs)
 
 class PeriodicProbe(TrainerCallback):
     "Every `every` optimizer steps: `row = probe(model)` (a dict), appended with the step to `path` as a JSON line."
@@ -125,21 +122,13 @@ def time_shares(log_history: list[dict]) -> dict:
             "step_s": tot / len(rows), "steps": len(rows)}
 
 # %% ../nbs/07_grpo.ipynb #bd867ffc
-def params_digest(model) -> str:
-    "sha256 (16 hex) of the model's trainable parameters, in name order: equal digests ⇔ equal trainable weights."
-    h = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
-        if p.requires_grad:
-            h.update(name.encode())
-            h.update(p.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
 def rank_record(trainer, start_digest: str | None = None) -> dict:
-    """{rank, world_size, generated, per_device_batch, global_batch, global_step, params_digest, params_digest_start}
-    of this process (`start_digest`: `params_digest` before training, to show that the weights moved)."""
+    """{rank, world_size, generated (GRPO: completions), seen (SFT: examples), per_device_batch, global_batch,
+    global_step, params_digest, params_digest_start} of this process (`start_digest`: `params_digest` before training, to show that the weights moved)."""
     a = trainer.args
     n = trainer.accelerator.num_processes
     return {"rank": rank(), "world_size": n, "generated": getattr(trainer, "generated", None),
+            "seen": getattr(trainer, "seen", None),
             "per_device_batch": a.per_device_train_batch_size,
             "global_batch": a.per_device_train_batch_size * n * a.gradient_accumulation_steps,
             "global_step": trainer.state.global_step, "params_digest": params_digest(trainer.model),
@@ -322,14 +311,16 @@ def run_sft(model_dir: str, tasks: list, out_dir, *, epochs: float = 2.0, lr: fl
             batch_size: int = 16, seed: int = 0, save_steps: int = 20, max_steps: int = -1,
             thinking: bool | None = None, callbacks: list = (), report_to: str = "none", project: str = "pixrl",
             run_name: str | None = None) -> dict:
-    "One SFT stage on `tasks`' ground-truth programs; resumable like `run_grpo` (callbacks and tracker too)."
+    """One SFT stage on `tasks`' ground-truth programs; resumable like `run_grpo` (callbacks and tracker too).
+    `batch_size` is the global batch: under `accelerate launch` each of the N ranks takes batch_size / N examples
+    of every optimizer step (TRL's sampler shards the data), so 1 and N processes take the same optimizer steps."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = load_policy(model_dir, thinking=thinking)
     args = _common_args(out_dir, max_steps, lr, seed, save_steps, report_to, project, run_name)
-    cfg = SFTConfig(**args, num_train_epochs=epochs, per_device_train_batch_size=batch_size,
+    cfg = SFTConfig(**args, num_train_epochs=epochs, per_device_train_batch_size=per_device_batch(batch_size),
                     completion_only_loss=True, max_length=None, packing=False)
-    trainer = SFTTrainer(model=policy.model, args=cfg, train_dataset=sft_dataset(policy, tasks),
+    trainer = PixSFTTrainer(model=policy.model, args=cfg, train_dataset=sft_dataset(policy, tasks),
                          processing_class=policy.processor or policy.tokenizer, peft_config=lora_config(lora_rank),
                          callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)

@@ -5,8 +5,9 @@ Checked: each rank generated its share of every batch, the global batch per opti
 (groups_per_step · rollouts = per device × processes, as TRL computes it), both ranks end with identical trainable
 weights that moved during training, and the 2-process stage's probe is within the paired bootstrap CI
 (`pixrl.stats.paired_bootstrap`, per-task reward) of the 1-process one. A too-large `num_processes` is refused
-before anything trains. Not covered here: SFT stages and the mem trainer under accelerate (they run in one
-process), GPUs/NCCL, DeepSpeed, vLLM."""
+before anything trains. An SFT stage (arm A's sft-L0) runs under the same launcher: each rank trains on its
+shard of every batch (sft_batch / num_processes examples), and the ranks end with identical moved weights.
+The mem trainer's 2-process run is in tests/test_mem_distributed.py. Not covered here: GPUs/NCCL, DeepSpeed, vLLM."""
 import json, os, subprocess, sys
 import pytest
 from pixrl.campaign import CampaignConfig, validate, process_capacity
@@ -15,8 +16,8 @@ from pixrl.stats import paired_bootstrap, per_task_means
 GROUPS, ROLLOUTS, STEPS = 2, 4, 2
 
 
-def _cmd(root, name, num_processes):
-    return [sys.executable, "-m", "pixrl.campaign", "run", "--arm", "B", "--model", "pixrl-tiny", "--runs-root",
+def _cmd(root, name, num_processes, arm="B"):
+    return [sys.executable, "-m", "pixrl.campaign", "run", "--arm", arm, "--model", "pixrl-tiny", "--runs-root",
             str(root), "--name", name, "--levels", "0", "--steps-per-level", str(STEPS), "--probe-per-level", "2",
             "--probe-k", "2", "--groups-per-step", str(GROUPS), "--rollouts", str(ROLLOUTS), "--max-new-tokens", "48",
             "--lora-rank", "8", "--preflight-control-n", "10", "--num-processes", str(num_processes)]
@@ -37,8 +38,35 @@ def runs(tmp_path_factory):
     return {n: root / "runs" / f"p{n}" for n in (1, 2)}
 
 
-def _stage(run_dir) -> dict:
-    return json.loads((run_dir / "state.json").read_text())["stages"][0]
+def _stage(run_dir, k=0) -> dict:
+    return json.loads((run_dir / "state.json").read_text())["stages"][k]
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+    "Arm A (sft-L0, then rl-L0) with 2 processes: the SFT stage's run directory."
+    if process_capacity()[0] < 2:
+        pytest.skip("needs 2 CPU cores or 2 CUDA devices")
+    root = tmp_path_factory.mktemp("ddp_sft")
+    env = {**os.environ, "PIXRL_CACHE": str(root / "cache"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    p = subprocess.run(_cmd(root / "runs", "a2", 2, arm="A"), env=env, capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return root / "runs" / "a2"
+
+
+def test_two_process_sft_stage(sft_run):
+    st = _stage(sft_run, 0)
+    assert st["name"] == "sft-L0" and st["status"] in ("done", "gate_failed"), st
+    ranks = st["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {2}
+    for r in ranks:
+        assert r["global_batch"] == CampaignConfig().sft_batch                # the config's batch, split over the ranks
+        assert r["per_device_batch"] * 2 == CampaignConfig().sft_batch
+        assert 0 < r["seen"] <= r["per_device_batch"] * r["global_step"]     # this rank trained on its shard only
+    assert ranks[0]["seen"] == ranks[1]["seen"]                              # equal shares
+    assert sum(r["seen"] for r in ranks) >= st["n_rows"]                     # together: every example of the epoch
+    assert ranks[0]["params_digest"] == ranks[1]["params_digest"] != ranks[0]["params_digest_start"]
+    assert "accelerate.commands.launch --num_processes 2" in (sft_run / "campaign.log").read_text()
 
 
 def test_two_process_stage_ran_under_accelerate(runs):
@@ -83,3 +111,5 @@ def test_too_many_processes_refused(tmp_path):
         with pytest.raises(ValueError, match="num_processes=2 does not divide the batch of 9 completions"):
             validate(CampaignConfig(runs_root=str(tmp_path), model="pixrl-tiny", groups_per_step=3, rollouts=3,
                                     num_processes=2))
+        with pytest.raises(ValueError, match="num_processes=2 does not divide the batch of 15 SFT examples"):
+            validate(CampaignConfig(runs_root=str(tmp_path), model="pixrl-tiny", arm="A", sft_batch=15, num_processes=2))

@@ -5,16 +5,17 @@ import pytest
 import torch
 
 from pixrl.serve import export_adapter, load_version, start_server, complete, completion_text, cli_main, server_command
-from pixrl.mem.model import ensure_mem_tiny, cpu_corpus, TINY_TURN_HEADER
+from pixrl.mem.model import cpu_corpus, TINY_TURN_HEADER
+from pixrl.mem.train import resolve_model_path
 from pixrl.mem.corpus import corpus_digest
 from pixrl.mem.env import turn_prompt
 
 
-def _tiny_adapter():
-    "pixrl-mem-tiny + a LoRA adapter nudged by a few supervised steps (so merged ≠ base)."
+def _nudged_adapter(name: str):
+    "The committed mem model `name` + a LoRA adapter nudged by a few supervised steps (so merged ≠ base)."
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    base = ensure_mem_tiny()
+    base = resolve_model_path(name)
     tok = AutoTokenizer.from_pretrained(base)
     torch.manual_seed(0)
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(base),
@@ -29,9 +30,10 @@ def _tiny_adapter():
     return base, tok, model.eval()
 
 
-def test_a9_adapter_loads(tmp_path):
+@pytest.mark.parametrize("name", ["pixrl-mem-tiny", "pixrl-mem-base"])
+def test_a9_adapter_loads(tmp_path, name):
     records, _ = cpu_corpus(0)
-    base, tok, model = _tiny_adapter()
+    base, tok, model = _nudged_adapter(name)
     export = export_adapter(model, tok, tmp_path / "export", train_config=dict(alpha=0.9, note="a9"),
                             data_digest=corpus_digest(records), base_model=str(base))
     v = load_version(export)

@@ -50,7 +50,7 @@ def _train_arm(alpha: float) -> dict:
     torch.set_num_threads(1)
     train = a7_fixture(0)
     t0 = time.time()
-    tr = MemGRPOTrainer(MemTrainConfig(alpha=alpha, steps=A7_STEPS, val_every=0, seed=0), train)
+    tr = MemGRPOTrainer(MemTrainConfig(model="pixrl-mem-tiny", alpha=alpha, steps=A7_STEPS, val_every=0, seed=0), train)
     before = gate_probe(tr.model, tr.tokenizer, train, tr.cfg)
     hist = tr.train()
     after = gate_probe(tr.model, tr.tokenizer, train, tr.cfg)

@@ -103,7 +103,7 @@ def test_mem_trainer_logs_through_report_to(tmp_path):
     pytest.importorskip("trackio")
     code = textwrap.dedent(f"""
         from pixrl.mem.train import MemTrainConfig, MemGRPOTrainer, cpu_corpus
-        cfg = MemTrainConfig(steps=1, questions_per_step=1, group_size=2, val_every=0, report_to="trackio")
+        cfg = MemTrainConfig(model="pixrl-mem-tiny", steps=1, questions_per_step=1, group_size=2, val_every=0, report_to="trackio")
         trainer = MemGRPOTrainer(cfg, cpu_corpus(cfg)[0][:4], run_dir={str(tmp_path / "mem_run")!r})
         trainer.step()
         trainer.close()

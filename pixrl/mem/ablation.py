@@ -123,27 +123,59 @@ def run_arm_seed(arm: Arm, seed: int, base: MemTrainConfig, train, val, out_dir,
     return out
 
 
+def _done_record(out_dir, arm: Arm, seed: int, base: MemTrainConfig) -> dict | None:
+    "The arm-seed's final record when it finished before (for this configuration), else None."
+    f = arm_seed_dir(out_dir, arm, seed) / "final.json"
+    if not f.exists():
+        return None
+    rec = read_json(f, "arm-seed record")
+    want = json.loads(json.dumps(dataclasses.asdict(arm.config(base, seed)), default=str))
+    if rec.get("config") != want:
+        raise ValueError(f"{f} was written for another configuration ({rec.get('config')}); this ablation's is "
+                         f"{want}: use another out_dir")
+    return rec
+
+
+def _said(rec: dict) -> str:
+    return (f"{rec['arm']} seed {rec['seed']}: {rec['stop_reason']}, {rec['train_wall_s']:.0f} s; held-out "
+            + " ".join(f"{k} {rec['final_val'][k]:.3f}" for k in FINAL_KEYS[:5]))
+
+
 def run_ablation(arms, seeds, base: MemTrainConfig, train, val, out_dir, final_rollouts: int = 4,
-                 max_wall_s: float = 600.0, on_step=None, log=print) -> dict:
+                 max_wall_s: float = 600.0, on_step=None, log=print, workers: int = 1) -> dict:
     """Every arm × seed (seed-major), skipping arm-seeds whose `final.json` is already there (a damaged one is
-    refused: `CorruptRecord` names it). Returns {arm name: {seed: final record}}."""
+    refused: `CorruptRecord` names it). `workers` > 1: that many arm-seeds at a time, each in its own spawned
+    process (`base.threads` torch threads each); the numbers do not depend on it. Returns {arm name: {seed: record}}."""
     results = {arm.name: {} for arm in arms}
+    todo = []
     for seed in seeds:
         for arm in arms:
-            f = arm_seed_dir(out_dir, arm, seed) / "final.json"
-            if f.exists():
-                rec = read_json(f, "arm-seed record")
-                want = dataclasses.asdict(arm.config(base, seed))
-                if rec.get("config") != json.loads(json.dumps(want, default=str)):
-                    raise ValueError(f"{f} was written for another configuration ({rec.get('config')}); "
-                                     f"this ablation's is {want}: use another out_dir")
-                log(f"{arm.name} seed {seed}: done before, skipped ({rec['steps_done']} steps)")
+            rec = _done_record(out_dir, arm, seed, base)
+            if rec is None:
+                todo.append((arm, seed))
             else:
-                log(f"{arm.name} seed {seed}: training {base.steps} steps")
-                rec = run_arm_seed(arm, seed, base, train, val, out_dir, final_rollouts, max_wall_s,
-                                   on_step=(lambda s, a=arm, sd=seed: on_step(a, sd, s)) if on_step else None)
-                log(f"{arm.name} seed {seed}: {rec['stop_reason']}, {rec['train_wall_s']:.0f} s; held-out "
-                    + " ".join(f"{k} {rec['final_val'][k]:.3f}" for k in FINAL_KEYS[:5]))
+                log(f"{arm.name} seed {seed}: done before, skipped ({rec['steps_done']} steps)")
+                results[arm.name][seed] = rec
+    if workers == 1 or len(todo) <= 1:
+        for arm, seed in todo:
+            log(f"{arm.name} seed {seed}: training {base.steps} steps")
+            rec = run_arm_seed(arm, seed, base, train, val, out_dir, final_rollouts, max_wall_s,
+                               on_step=(lambda s, a=arm, sd=seed: on_step(a, sd, s)) if on_step else None)
+            log(_said(rec))
+            results[arm.name][seed] = rec
+        return results
+    if on_step is not None:
+        raise ValueError("on_step runs in this process only: use workers=1 with it")
+    import concurrent.futures as cf, multiprocessing as mp
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        futures = {}
+        for arm, seed in todo:
+            log(f"{arm.name} seed {seed}: training {base.steps} steps (in a worker)")
+            futures[pool.submit(run_arm_seed, arm, seed, base, train, val, out_dir, final_rollouts, max_wall_s)] = (arm, seed)
+        for fut in cf.as_completed(futures):
+            arm, seed = futures[fut]
+            rec = fut.result()
+            log(_said(rec))
             results[arm.name][seed] = rec
     return results
 
@@ -152,14 +184,15 @@ WARM_KEYS = ("outcome_val", "format", "update_acc_free", "update_acc_evidence")
 
 def summarize(arms, seeds, results: dict, warm: dict, record: dict) -> dict:
     """summary.json: `record` (commit, dirty, seeds, data_digest, wall), `warm_start` (held-out metrics of the base),
-    `arms` {name: {advantage, alpha, seeds, update_acc_free, update_acc_evidence, outcome_val, exact_exit, format,
-    steps_done, stop_reason}}: lists, one value per seed, at the end of training (held-out projects)."""
+    `arms` {name: {advantage, alpha, seeds, update_acc_free, update_acc_evidence, update_acc_balanced (their mean),
+    outcome_val, exact_exit, format, steps_done, stop_reason}}: lists, one value per seed, at the end of training (held-out projects)."""
     out_arms = {}
     for arm in arms:
         recs = [results[arm.name][s] for s in seeds]
         fv = lambda k: [r["final_val"][k] for r in recs]
         out_arms[arm.name] = dict(advantage=arm.advantage, alpha=arm.alpha, seeds=list(seeds),
                                   update_acc_free=fv("update_acc_free"), update_acc_evidence=fv("update_acc_evidence"),
+                                  update_acc_balanced=[(f + e) / 2 for f, e in zip(fv("update_acc_free"), fv("update_acc_evidence"))],
                                   outcome_val=fv("outcome"), exact_exit=fv("exact_exit"), format=fv("format"),
                                   steps_done=[r["steps_done"] for r in recs], stop_reason=[r["stop_reason"] for r in recs])
     warm_start = dict(outcome_val=warm["outcome"], format=warm["format"], update_acc_free=warm["update_acc_free"],
@@ -169,7 +202,8 @@ def summarize(arms, seeds, results: dict, warm: dict, record: dict) -> dict:
     return dict(record=rec, warm_start=warm_start, arms=out_arms)
 
 
-def arm_table(summary: dict, keys=("update_acc_free", "update_acc_evidence", "exact_exit", "outcome_val", "format")) -> pd.DataFrame:
+def arm_table(summary: dict, keys=("update_acc_free", "update_acc_evidence", "update_acc_balanced", "exact_exit",
+                                   "outcome_val", "format")) -> pd.DataFrame:
     "Per arm and metric: the mean over seeds and its Student-t 95% interval (`seed_ci`), as 'mean [lo, hi]'."
     rows = {}
     for name, a in summary["arms"].items():

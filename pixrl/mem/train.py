@@ -14,6 +14,7 @@ from ..advantage import credit_advantage, final_turn_advantage, check_alpha, ADV
 from .env import MemEpisode, TURN_STOP, TURN_HEADER, ANSWER_HEADER
 from . import corpus as mem_corpus
 from ..tracking import Tracker, check_report_to, tracker_dir
+from ..core import rank, world_size, is_main_rank, params_digest
 
 # %% auto #0
 __all__ = ['GPU_DEFAULTS', 'MemTrainConfig', 'cpu_corpus', 'Gen', 'HFPolicy', 'make_policy', 'VLLMPolicy', 'Trajectory',
@@ -25,7 +26,7 @@ __all__ = ['GPU_DEFAULTS', 'MemTrainConfig', 'cpu_corpus', 'Gen', 'HFPolicy', 'm
 @dataclass
 class MemTrainConfig:
     "Multi-conversation GRPO for the gated memory agent. Defaults = CPU default; see `GPU_DEFAULTS` for Table 3."
-    model: str = "pixrl-mem-tiny"      # model id / path; "pixrl-mem-tiny" = the project's embedded CPU default
+    model: str = "pixrl-mem-base"      # model id / path; "pixrl-mem-base" = the committed CPU default, "pixrl-mem-tiny" = the test fixture
     alpha: float = 0.9                 # Â = α·Â_traj + (1−α)·Â_turn  (GRU-Mem §3.2.2); must be in [0, 1]
     advantage: str = "two_baseline"    # credit assignment of memory turns (pixrl.advantage.ADVANTAGES): two_baseline | dedup | gigpo
     omega: float = 1.0                 # gigpo only: Â = Â_traj + ω·Â_step (anchor = the turn's prompt)
@@ -412,14 +413,25 @@ def load_lora_policy(cfg: MemTrainConfig):
 # %% ../../nbs/22_mem_train.ipynb #410f4f99
 class MemGRPOTrainer:
     """Multi-conversation GRPO (one row per turn) with the two-baseline advantage.
-    `step()` = rollout → rewards → advantages → clipped token-mean update; `validate()` on held-out projects."""
+    `step()` = rollout → rewards → advantages → clipped token-mean update; `validate()` on held-out projects.
+    Under `accelerate launch` (N processes, gloo): every rank draws the same questions and rolls out its share
+    (every N-th), the token-mean's N counts the tokens of all ranks, the gradients are summed over the ranks before
+    each optimizer step, so every rank takes the same step and holds the same weights; metrics cover all ranks."""
     def __init__(self, cfg: MemTrainConfig, train_records, val_records=(), model=None, tokenizer=None, run_dir=None):
         self.cfg = cfg.validate()
         if not train_records:
             raise ValueError("train_records is empty")
+        self.world, self.rank = world_size(), rank()
+        if cfg.questions_per_step % self.world:
+            raise ValueError(f"questions_per_step={cfg.questions_per_step} does not split over {self.world} processes; "
+                             f"accepted: a multiple of {self.world}")
+        if self.world > 1:
+            from accelerate import Accelerator
+            self.accelerator = Accelerator(cpu=True)          # the process group: gloo (the HF rollout path runs on CPU)
         if cfg.report_to != "none" and run_dir is None:
             raise ValueError(f"report_to={cfg.report_to!r} writes to <run_dir>/tracking/: pass run_dir; got None")
-        self.tracker = Tracker(cfg.report_to, tracker_dir(run_dir, cfg.report_to) if run_dir else None,
+        report_to = cfg.report_to if is_main_rank() else "none"   # one tracker run: rank 0's
+        self.tracker = Tracker(report_to, tracker_dir(run_dir, report_to) if run_dir else None,
                                Path(run_dir).name if run_dir else "mem", "train", asdict(cfg))
         torch.set_num_threads(cfg.threads)
         if model is None:
@@ -432,10 +444,46 @@ class MemGRPOTrainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
         self.rng = random.Random(cfg.seed)
         self.step_idx, self.history = 0, []
+        self.questions_seen: list[list[str]] = []           # this rank's record ids, per step
+        self.params_digest_start = params_digest(model)
 
     def sample_questions(self):
+        "This rank's share (every world-th) of the step's questions; every rank draws the same list."
         n = self.cfg.questions_per_step
-        return [self.train_records[self.rng.randrange(len(self.train_records))] for _ in range(n)]
+        qs = [self.train_records[self.rng.randrange(len(self.train_records))] for _ in range(n)]
+        mine = qs[self.rank::self.world]
+        self.questions_seen.append([getattr(r, "id", None) for r in mine])
+        return mine
+
+    def _sum_over_ranks(self, x: float) -> float:
+        if self.world == 1:
+            return x
+        t = torch.tensor([x], dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        return float(t.item())
+
+    def _sum_grads_over_ranks(self, params) -> None:
+        "Σ over ranks of each gradient (a rank without tokens in this mini-batch contributes zeros)."
+        if self.world == 1:
+            return
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            torch.distributed.all_reduce(p.grad)
+
+    def _gather(self, items: list) -> list:
+        "The concatenation of every rank's `items` (rank order)."
+        if self.world == 1:
+            return list(items)
+        out = [None] * self.world
+        torch.distributed.all_gather_object(out, list(items))
+        return [x for part in out for x in part]
+
+    def rank_record(self) -> dict:
+        "{rank, world_size, questions (per step, this rank's), global_batch, steps, params_digest, params_digest_start}."
+        return dict(rank=self.rank, world_size=self.world, questions=self.questions_seen,
+                    global_batch=self.cfg.questions_per_step * self.cfg.group_size, steps=self.step_idx,
+                    params_digest=params_digest(self.model), params_digest_start=self.params_digest_start)
 
     def _logprobs(self, rows, grad: bool, ref: bool = False):
         "(log π (N,), advantages (N,)) of the completion tokens of `rows`."
@@ -461,8 +509,8 @@ class MemGRPOTrainer:
         self.model.train()
         for _ in range(cfg.ppo_epochs):
             for grp in groups:
-                N = float(sum(sum(len(r.completion_ids) for r in micro[i]) for i in grp))
-                if N == 0:
+                N = self._sum_over_ranks(float(sum(sum(len(r.completion_ids) for r in micro[i]) for i in grp)))
+                if N == 0:                                                 # no tokens on any rank
                     continue
                 self.opt.zero_grad()
                 for i in grp:
@@ -478,7 +526,9 @@ class MemGRPOTrainer:
                     stats["pl"] += tok_loss.sum().item() / N
                     stats["clip"] += ((ratio - 1).abs() > cfg.clip_ratio).sum().item()
                     stats["ntok"] += float(lp.numel())
-                gn = torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], cfg.max_grad_norm)
+                trainable = [p for p in self.model.parameters() if p.requires_grad]
+                self._sum_grads_over_ranks(trainable)
+                gn = torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
                 self.opt.step()
                 stats["gn"] = float(gn)
         self.sched.step()
@@ -495,7 +545,7 @@ class MemGRPOTrainer:
                         seed=cfg.seed * 100_003 + self.step_idx, turn_header=cfg.turn_header, answer_header=cfg.answer_header)
         t1 = time.time()
         rows = batch_rows(trajs, cfg.alpha, cfg.std_norm, cfg.advantage, cfg.omega)
-        m = {"step": self.step_idx + 1, **trajectory_metrics(trajs), **self.update(rows)}
+        m = {"step": self.step_idx + 1, **trajectory_metrics(self._gather(trajs)), **self.update(rows)}
         m["time/rollout_s"], m["time/update_s"] = t1 - t0, time.time() - t1
         self.step_idx += 1
         if cfg.val_every and self.val_records and self.step_idx % cfg.val_every == 0:
@@ -515,9 +565,9 @@ class MemGRPOTrainer:
         recs = self.val_records[: n or self.cfg.val_questions]
         if not recs:
             return {}
-        trajs = rollout(self.policy, recs, 1, self.cfg.val_temperature, self.cfg.val_top_p, seed=10_007 + self.cfg.seed,
-                        turn_header=self.cfg.turn_header, answer_header=self.cfg.answer_header)
-        m = trajectory_metrics(trajs)
+        trajs = rollout(self.policy, recs[self.rank::self.world], 1, self.cfg.val_temperature, self.cfg.val_top_p,
+                        seed=10_007 + self.cfg.seed, turn_header=self.cfg.turn_header, answer_header=self.cfg.answer_header)
+        m = trajectory_metrics(self._gather(trajs))
         return {"val/reward": m["reward/traj"], "val/outcome": m["reward/outcome"], "val/gate_acc_free": m["gate/acc_free"],
                 "val/gate_acc_evidence": m["gate/acc_evidence"], "val/exact_exit": m["exit/exact_ratio"],
                 "val/format": m["format/correct"]}
