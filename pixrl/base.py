@@ -16,7 +16,7 @@ from .tiny import SceneTask, MODEL_IMAGE_SHAPE, char_tokenizer, tiny_config, enc
 # %% auto #0
 __all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'cell_primitive',
            'cell_scene', 'cell_stream', 'band_program', 'target_program', 'BaseConfig', 'save_checkpoint',
-           'latest_checkpoint', 'group_examples', 'step_examples', 'train_base', 'build_base']
+           'resume_training', 'latest_checkpoint', 'group_examples', 'step_examples', 'train_base', 'build_base']
 
 # %% ../nbs/06a_base.ipynb #b0a1c2d7
 BASE_CELLS = 32
@@ -215,6 +215,27 @@ def save_checkpoint(ckpt_dir, step: int, state: dict, keep: int = 2) -> Path:
     return path
 
 
+def resume_training(ckpt_dir, config: dict, model, opt, sched) -> tuple[int, list]:
+    """Load the newest good checkpoint of `ckpt_dir` into `model`, `opt`, `sched` (and torch's RNG when it was saved);
+    (its step, its log), or (0, []) when there is none. Says which newer checkpoints it passed over and why;
+    ValueError when the checkpoint was written for another `config`."""
+    ckpt, skipped = latest_checkpoint(ckpt_dir)
+    for why in skipped:
+        print(f"resume: skipped {why}")
+    if ckpt is None:
+        return 0, []
+    state = torch.load(ckpt, weights_only=False)
+    if state["config"] != config:
+        raise ValueError(f"{ckpt}: written for config {state['config']}, not {config}; use a fresh work_dir")
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    if "torch_rng" in state:
+        torch.set_rng_state(state["torch_rng"])
+    print(f"resume: from {ckpt.name} (step {state['step']})")
+    return state["step"], state["log"]
+
+
 def latest_checkpoint(ckpt_dir) -> tuple[Path | None, list[str]]:
     "(the newest checkpoint whose digest matches, the reasons each newer one was passed over)."
     skipped = []
@@ -264,21 +285,7 @@ def train_base(cfg: BaseConfig, work_dir, verbose: bool = False, stop_after: int
     model = Qwen2ForCausalLM(cfg.model_config())
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: cfg.lr_at(t) / cfg.lr)
-    start, log = 0, []
-    ckpt, skipped = latest_checkpoint(work / "ckpt")
-    for why in skipped:
-        print(f"resume: skipped {why}")
-    if ckpt is not None:
-        state = torch.load(ckpt, weights_only=False)
-        if state["config"] != dataclasses.asdict(cfg):
-            raise ValueError(f"{ckpt}: written for config {state['config']}, not {dataclasses.asdict(cfg)}; "
-                             "use a fresh work_dir")
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
-        start, log = state["step"], state["log"]
-        print(f"resume: from {ckpt.name} (step {start})")
+    start, log = resume_training(work / "ckpt", dataclasses.asdict(cfg), model, opt, sched)
     model.train()
     ran, cache = 0, {}
     with Timer() as t:

@@ -98,12 +98,12 @@ def test_papermill_keeps_one_progress_output(tmp_path):
     assert len(lines) == 2 and all("30/30" in line and line.endswith("(done)") for line in lines), lines
 
 
-def test_mem_trainer_logs_through_report_to(tmp_path):
-    "One mem step with report_to=trackio → <run_dir>/tracking/trackio (own process: trackio reads TRACKIO_DIR on import)."
-    pytest.importorskip("trackio")
+@pytest.mark.parametrize("tracker,pattern", [("trackio", "*.db"), ("tensorboard", "**/events.out.tfevents.*")])
+def test_mem_trainer_logs_through_report_to(tmp_path, tracker, pattern):
+    "One mem step with report_to=<tracker> → <run_dir>/tracking/<tracker> (own process: trackio reads TRACKIO_DIR on import)."
     code = textwrap.dedent(f"""
         from pixrl.mem.train import MemTrainConfig, MemGRPOTrainer, cpu_corpus
-        cfg = MemTrainConfig(model="pixrl-mem-tiny", steps=1, questions_per_step=1, group_size=2, val_every=0, report_to="trackio")
+        cfg = MemTrainConfig(model="pixrl-mem-tiny", steps=1, questions_per_step=1, group_size=2, val_every=0, report_to={tracker!r})
         trainer = MemGRPOTrainer(cfg, cpu_corpus(cfg)[0][:4], run_dir={str(tmp_path / "mem_run")!r})
         trainer.step()
         trainer.close()
@@ -111,4 +111,4 @@ def test_mem_trainer_logs_through_report_to(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert list((tmp_path / "mem_run" / "tracking" / "trackio").glob("*.db"))
+    assert list((tmp_path / "mem_run" / "tracking" / tracker).glob(pattern))

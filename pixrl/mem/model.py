@@ -17,9 +17,9 @@ from .env import turn_prompt, answer_prompt, format_turn, TURN_HEADER, ANSWER_HE
 # %% auto #0
 __all__ = ['PROTOCOL_TAGS', 'SPECIAL_TOKENS', 'TINY_TURN_HEADER', 'TINY_ANSWER_HEADER', 'CPU_CORPUS', 'VAL_FRACTION',
            'MEM_BASE_NAME', 'build_tokenizer', 'generator_words', 'question_subject', 'mentions', 'warm_start_pairs',
-           'MemTinyConfig', 'build_model', 'encode_pairs', 'label_loss', 'warm_start', 'cpu_corpus', 'mem_tiny_dir',
-           'build_mem_tiny', 'ensure_mem_tiny', 'MemBaseConfig', 'pretrain_corpus', 'base_batch', 'train_mem_base',
-           'mem_base_dir', 'build_mem_base']
+           'MemTinyConfig', 'build_model', 'encode_pairs', 'label_loss', 'optimizer_step', 'warm_start', 'cpu_corpus',
+           'mem_tiny_dir', 'build_mem_tiny', 'ensure_mem_tiny', 'MemBaseConfig', 'pretrain_corpus', 'base_batch',
+           'train_mem_base', 'mem_base_dir', 'build_mem_base']
 
 # %% ../../nbs/23_mem_model.ipynb #03d2892b
 PROTOCOL_TAGS = ("<check>", "</check>", "<update>", "</update>", "<next>", "</next>")
@@ -127,6 +127,14 @@ def label_loss(model, ids, att, lab):
     logits = model.lm_head(h[sel])                                                    # (N, V)
     return torch.nn.functional.cross_entropy(logits.float(), lab[:, 1:][sel])
 
+def optimizer_step(model, opt, sched, loss) -> None:
+    "One supervised step: backward, clip the gradient norm to 1, AdamW step, schedule step."
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+
 def warm_start(model, tokenizer, pairs, cfg: MemTinyConfig = MemTinyConfig(), log_every: int = 100,
                on_log=None) -> list[float]:
     "Supervised warm start on (prompt, completion) pairs; returns the loss curve. `on_log(step)` every `log_every`."
@@ -139,11 +147,7 @@ def warm_start(model, tokenizer, pairs, cfg: MemTinyConfig = MemTinyConfig(), lo
     for step in range(cfg.warm_steps):
         ids, att, lab = encode_pairs(tokenizer, rng.sample(pairs, min(cfg.warm_batch, len(pairs))))
         loss = label_loss(model, ids, att, lab)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        optimizer_step(model, opt, sched, loss)
         losses.append(loss.item())
         if log_every and (step + 1) % log_every == 0:
             print(f"warm step {step+1}: loss {sum(losses[-log_every:])/log_every:.3f}")
@@ -273,7 +277,7 @@ def train_mem_base(cfg: MemBaseConfig, work_dir, stop_after: int | None = None, 
     every `cfg.ckpt_every` steps; a corrupt or half-written newest checkpoint is passed over (and said so).
     `stop_after`: return after that many steps of this call (an interruption, for tests).
     `on_log(step, model, tokenizer)` every `log_every` steps (the model in eval mode)."""
-    from pixrl.base import save_checkpoint, latest_checkpoint
+    from pixrl.base import save_checkpoint, resume_training
     from pixrl.core import Timer
     work = Path(work_dir)
     records, meta = pretrain_corpus(cfg)
@@ -282,30 +286,14 @@ def train_mem_base(cfg: MemBaseConfig, work_dir, stop_after: int | None = None, 
     model = build_model(tok, cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: cfg.lr_at(t) / cfg.lr)
-    start, log = 0, []
-    ckpt, skipped = latest_checkpoint(work / "ckpt")
-    for why in skipped:
-        print(f"resume: skipped {why}")
-    if ckpt is not None:
-        state = torch.load(ckpt, weights_only=False)
-        if state["config"] != asdict(cfg):
-            raise ValueError(f"{ckpt}: written for config {state['config']}, not {asdict(cfg)}; use a fresh work_dir")
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        start, log = state["step"], state["log"]
-        print(f"resume: from {ckpt.name} (step {start})")
+    start, log = resume_training(work / "ckpt", asdict(cfg), model, opt, sched)
     model.train()
     ran, window = 0, []
     with Timer() as t:
         for step in range(start, cfg.steps):
             ids, att, lab = encode_pairs(tok, base_batch(pairs, cfg, step))   # (B, T) each
             loss = label_loss(model, ids, att, lab)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
+            optimizer_step(model, opt, sched, loss)
             ran += 1
             done = step + 1
             window.append(loss.item())
