@@ -92,7 +92,7 @@ def warm_start_pairs(records, p_yes_free: float = 0.5, seed: int = 0, turn_heade
 # %% ../../nbs/23_mem_model.ipynb #16cdaaa1
 @dataclass
 class MemTinyConfig:
-    "Size and warm start of pixrl-mem-tiny (CPU default)."
+    "Size and warm start of pixrl-mem-tiny (the tests' fixture)."
     hidden_size: int = 64          # d_model
     num_layers: int = 2
     num_heads: int = 4
