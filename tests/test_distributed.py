@@ -23,13 +23,18 @@ def _cmd(root, name, num_processes, arm="B"):
             "--lora-rank", "8", "--preflight-control-n", "10", "--num-processes", str(num_processes)]
 
 
+def _root_and_env(tmp_path_factory, name):
+    "A scratch root for a 2-process fixture and the campaign's environment (its own cache, 1 thread per rank)."
+    if process_capacity()[0] < 2:
+        pytest.skip("needs 2 CPU cores or 2 CUDA devices")
+    root = tmp_path_factory.mktemp(name)
+    return root, {**os.environ, "PIXRL_CACHE": str(root / "cache"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     "Run the 1-process and the 2-process campaign side by side; {num_processes: run directory}."
-    if process_capacity()[0] < 2:
-        pytest.skip("needs 2 CPU cores or 2 CUDA devices")
-    root = tmp_path_factory.mktemp("ddp")
-    env = {**os.environ, "PIXRL_CACHE": str(root / "cache"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    root, env = _root_and_env(tmp_path_factory, "ddp")
     procs = {n: subprocess.Popen(_cmd(root / "runs", f"p{n}", n), env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True) for n in (1, 2)}
     for n, p in procs.items():
@@ -45,10 +50,7 @@ def _stage(run_dir, k=0) -> dict:
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory):
     "Arm A (sft-L0, then rl-L0) with 2 processes: the SFT stage's run directory."
-    if process_capacity()[0] < 2:
-        pytest.skip("needs 2 CPU cores or 2 CUDA devices")
-    root = tmp_path_factory.mktemp("ddp_sft")
-    env = {**os.environ, "PIXRL_CACHE": str(root / "cache"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    root, env = _root_and_env(tmp_path_factory, "ddp_sft")
     p = subprocess.run(_cmd(root / "runs", "a2", 2, arm="A"), env=env, capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return root / "runs" / "a2"
