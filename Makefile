@@ -5,7 +5,7 @@ PY    := $(CURDIR)/$(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STAMP := $(VENV)/.pixrl-setup
 
-.PHONY: setup test train probe lab bench-eval fuzz-eval gpu-check gpu-wheels tiny base mem-base mem-ablation export clean-nbs
+.PHONY: setup test train probe lab bench-eval fuzz-eval gpu-check gpu-wheels tiny base base-noisy mem-base mem-ablation export clean-nbs
 
 setup: $(STAMP)
 
@@ -51,11 +51,17 @@ gpu-check:
 gpu-wheels:
 	bash scripts/gpu_wheels.sh
 
-# Rebuild pixrl-base, the campaigns' default (pixrl.base; ~70 min on 2 free cores; resumable: re-run after an
-# interruption and it continues from its last good checkpoint in $PIXRL_CACHE/base-work). Then record the printed
-# sha256 in data/models/SHA256SUMS.
+# Rebuild the committed bases (pixrl.base.BASE_BUILDS): pixrl-base (~55 min on 2 free cores), then pixrl-base-noisy,
+# the campaigns' default (pixrl-base continued on a noisy demonstrator, ~7 min). Resumable: re-run after an
+# interruption and it continues from its last good checkpoint in $PIXRL_CACHE/base-work. Then record the printed
+# sha256s in data/models/SHA256SUMS.
 base: setup
 	papermill nbs/base.ipynb runs/base_model.ipynb --cwd nbs
+	papermill nbs/base.ipynb runs/base_noisy_model.ipynb -p name pixrl-base-noisy --cwd nbs
+
+# pixrl-base-noisy alone, from the committed pixrl-base (its sha256 checked first).
+base-noisy: setup
+	papermill nbs/base.ipynb runs/base_noisy_model.ipynb -p name pixrl-base-noisy --cwd nbs
 
 # Rebuild pixrl-mem-base, the mem line's default (pixrl.mem.model; ~40 min on 2 free cores; resumable from its last
 # good checkpoint in $PIXRL_CACHE/mem-base-work). Then record the printed sha256 in data/models/SHA256SUMS.

@@ -2,21 +2,22 @@
 
 # %% ../nbs/06a_base.ipynb #b0a1c2d5
 from __future__ import annotations
-import dataclasses, hashlib, json, math, os
+import dataclasses, hashlib, itertools, json, math, os
 from pathlib import Path
 import numpy as np
 import torch
 from transformers import Qwen2ForCausalLM
-from .core import set_seed, Timer
+from .core import set_seed, Timer, BASE_NAME, NOISY_NAME
 from .geometry import render
 from .prompt import PromptSpec, build_prompt, format_answer, ink_bands, _fmt
 from .policy import model_dir_sha256
 from .tiny import SceneTask, MODEL_IMAGE_SHAPE, char_tokenizer, tiny_config, encode_example, collate, save_tiny
 
 # %% auto #0
-__all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'cell_primitive',
-           'cell_scene', 'cell_stream', 'band_program', 'target_program', 'BaseConfig', 'save_checkpoint',
-           'resume_training', 'latest_checkpoint', 'group_examples', 'step_examples', 'train_base', 'build_base']
+__all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'BASE_BUILDS',
+           'cell_primitive', 'cell_scene', 'cell_stream', 'jitter_bands', 'band_program', 'target_program',
+           'BaseConfig', 'save_checkpoint', 'resume_training', 'latest_checkpoint', 'group_examples',
+           'demonstrator_rng', 'initial_model', 'step_examples', 'train_base', 'build_base', 'base_build']
 
 # %% ../nbs/06a_base.ipynb #b0a1c2d7
 BASE_CELLS = 32
@@ -123,26 +124,51 @@ BAND_HELPER = ("def b(y, h, *r):\n"
                "        rect(x*sx, y*sy, w*sx, h*sy)\n")
 
 
-def band_program(task, n: int = BASE_CELLS) -> str:
+def jitter_bands(bands: list, p: float, rng: np.random.Generator) -> list:
+    """`bands` (`ink_bands`' form) as a noisy demonstrator copies them: every number, a band's y and height and
+    each run's x and width, is moved one cell up or down (evenly) with probability `p`; a height or width never
+    goes below 1, a position never below 0. `p` 0 returns `bands` unchanged."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"jitter_bands: p={p!r}; accepted: a probability in [0, 1]")
+    out = []
+    for y, h, runs in bands:
+        values = [y, h, *(c for run in runs for c in run)]         # (2 + 2·runs,): y, h, x1, w1, x2, w2, …
+        moved = rng.random(len(values)) < p                        # (2 + 2·runs,) bool
+        up = rng.random(len(values)) < 0.5                         # (2 + 2·runs,) bool: +1, else −1
+        values = [max(i % 2, v + (1 if u else -1) * int(m))       # odd slots are sizes (≥ 1), even ones positions (≥ 0)
+                  for i, (v, m, u) in enumerate(zip(values, moved, up))]
+        out.append((values[0], values[1], tuple(zip(values[2::2], values[3::2]))))
+    return out
+
+
+def band_program(task, n: int = BASE_CELLS, jitter: float = 0.0, rng: np.random.Generator | None = None) -> str:
     """The band program of `task`'s model image on the `n × n` grid: `sx`, `sy` from the footprint, the helper
-    `b(y, h, x1, w1, x2, w2, …)` (a band's runs, in cells), then one call per band, in the prompt's order."""
+    `b(y, h, x1, w1, x2, w2, …)` (a band's runs, in cells), then one call per band, in the prompt's order.
+    `jitter` > 0: the noisy demonstrator's copy (`jitter_bands` with `rng`)."""
     W, H = task.footprint_um
+    bands = ink_bands(task.model_image, n)
+    if jitter:
+        bands = jitter_bands(bands, jitter, rng)
     calls = ["b(" + ",".join(str(v) for v in (y, h, *(c for run in runs for c in run))) + ")"
-             for y, h, runs in ink_bands(task.model_image, n)]
+             for y, h, runs in bands]
     return f"sx = {_fmt(W)}/{n}\nsy = {_fmt(H)}/{n}\n" + BAND_HELPER + "\n".join(calls) + "\n"
 
 
-def target_program(scene, target: str = "bands", n: int = BASE_CELLS) -> str:
-    "What the base is taught to write for `scene`: its band program (`target='bands'`) or its own program."
+def target_program(scene, target: str = "bands", n: int = BASE_CELLS, jitter: float = 0.0,
+                   rng: np.random.Generator | None = None) -> str:
+    """What the base is taught to write for `scene`: its band program (`target='bands'`, copied with `jitter`)
+    or its own program."""
     if target not in TARGETS:
         raise ValueError(f"target {target!r}; accepted: {TARGETS}")
-    return band_program(scene, n) if target == "bands" else scene.program
+    if jitter and target != "bands":
+        raise ValueError(f"jitter={jitter!r} with target {target!r}: the demonstrator's noise is defined on band programs only")
+    return band_program(scene, n, jitter, rng) if target == "bands" else scene.program
 
 
 # %% ../nbs/06a_base.ipynb #b0a1c2dc
 @dataclasses.dataclass
 class BaseConfig:
-    "How pixrl-base is built (`build_base`)."
+    "How a pixrl base is built (`build_base`); `BASE_BUILDS` holds the committed ones."
     cells: int = BASE_CELLS      # raster cells per axis, in the prompt and in the program's units
     target: str = "bands"        # what the base writes (TARGETS): "bands" (band program) or "program" (the scene's own)
     number_tokens: bool = True   # one token per number 10–99 (char_tokenizer(number_tokens=True)): a cell index is one token
@@ -162,10 +188,18 @@ class BaseConfig:
     group: int = 4               # steps whose scenes are sorted by length together (less padding, same data)
     max_chars: int = 900         # scenes whose prompt + program is longer are skipped (bounds padding)
     max_new_tokens: int = 400    # generation budget stored with the model (pixrl.json)
+    init: str | None = None      # start from this model instead of a random init: a committed name ("pixrl-base",
+                                 # its sha256 checked) or a model directory; its architecture must be this config's
+    jitter: float = 0.0          # the demonstrator's noise (`jitter_bands`): each cell number of the band program is
+                                 # off by one with this probability; 0: the exact copy
 
     def __post_init__(self):
         if self.target not in TARGETS:
             raise ValueError(f"BaseConfig.target {self.target!r}; accepted: {TARGETS}")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ValueError(f"BaseConfig.jitter {self.jitter!r}; accepted: a probability in [0, 1]")
+        if self.jitter and self.target != "bands":
+            raise ValueError(f"BaseConfig.jitter {self.jitter!r} with target {self.target!r}; jitter needs target 'bands'")
 
     def model_config(self):
         "The Qwen2 config of this base."
@@ -255,16 +289,42 @@ def latest_checkpoint(ckpt_dir) -> tuple[Path | None, list[str]]:
 def group_examples(cfg: BaseConfig, g: int, tokenizer) -> list[tuple[list[int], list[int]]]:
     """(ids, labels) of the `group · batch_size` scenes of step group `g`, sorted by length. Group g owns scene
     indices [2·g·group·B, 2·(g+1)·group·B) of `cell_stream(seed)`; scenes longer than `cfg.max_chars`
-    (prompt + program) are passed over, deterministically."""
-    stream = cell_stream(cfg.seed, start=2 * g * cfg.group * cfg.batch_size, n=cfg.cells)
+    (prompt + program) are passed over, deterministically. With `cfg.jitter`, scene k's copy is drawn with
+    `demonstrator_rng(cfg.seed, k)`: the same scene gets the same noise in every run."""
+    start = 2 * g * cfg.group * cfg.batch_size
+    stream = cell_stream(cfg.seed, start=start, n=cfg.cells)
     pairs = []
-    while len(pairs) < cfg.group * cfg.batch_size:
+    for k in itertools.count(start):
+        if len(pairs) == cfg.group * cfg.batch_size:
+            break
         sc = next(stream)
-        prompt, answer = build_prompt(sc, BASE_PROMPT_SPEC), format_answer(target_program(sc, cfg.target, cfg.cells))
+        program = target_program(sc, cfg.target, cfg.cells, cfg.jitter, demonstrator_rng(cfg.seed, k))
+        prompt, answer = build_prompt(sc, BASE_PROMPT_SPEC), format_answer(program)
         if len(prompt) + len(answer) <= cfg.max_chars:
             pairs.append((prompt, answer))
     pairs.sort(key=lambda pa: len(pa[0]) + len(pa[1]))
     return [encode_example(tokenizer, pr, an) for pr, an in pairs]
+
+
+def demonstrator_rng(seed: int, k: int) -> np.random.Generator:
+    "The noise of scene k's demonstrated copy (its own stream, apart from the scene's)."
+    return np.random.default_rng([seed, 7542, k])
+
+
+def initial_model(cfg: BaseConfig):
+    """A random init of `cfg.model_config()`, or, with `cfg.init`, that model's weights (a committed name is
+    checked against its sha256 record); an architecture other than `cfg`'s is refused, naming both."""
+    if cfg.init is None:
+        return Qwen2ForCausalLM(cfg.model_config())
+    from pixrl.policy import resolve_model
+    model = Qwen2ForCausalLM.from_pretrained(resolve_model(cfg.init))
+    want = cfg.model_config()
+    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+    got = {k: getattr(model.config, k) for k in keys}
+    if got != {k: getattr(want, k) for k in keys}:
+        raise ValueError(f"BaseConfig.init {cfg.init!r} has architecture {got}; this config builds "
+                         f"{ {k: getattr(want, k) for k in keys} }")
+    return model
 
 
 def step_examples(cfg: BaseConfig, step: int, tokenizer, cache: dict | None = None) -> list:
@@ -282,7 +342,7 @@ def train_base(cfg: BaseConfig, work_dir, verbose: bool = False, stop_after: int
     work = Path(work_dir)
     tok = char_tokenizer(cfg.number_tokens)
     set_seed(cfg.seed)
-    model = Qwen2ForCausalLM(cfg.model_config())
+    model = initial_model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: cfg.lr_at(t) / cfg.lr)
     start, log = resume_training(work / "ckpt", dataclasses.asdict(cfg), model, opt, sched)
@@ -325,8 +385,28 @@ def build_base(cfg: BaseConfig, out_dir, work_dir, verbose: bool = False) -> dic
     model.generation_config.max_new_tokens = cfg.max_new_tokens
     meta = {"pretrain": {"config": dataclasses.asdict(cfg), "corpus": "pixrl.base.cell_stream (disjoint from depth-v1)",
                          "final_loss": log[-1]["loss"]}}
+    if cfg.init is not None:
+        from pixrl.policy import resolve_model
+        meta["pretrain"]["init_sha256"] = model_dir_sha256(resolve_model(cfg.init))
     save_tiny(model, tok, out_dir, meta, max_new_tokens=cfg.max_new_tokens)
     spec_meta = json.loads((Path(out_dir) / "pixrl.json").read_text())
     spec_meta["prompt_spec"] = dataclasses.asdict(BASE_PROMPT_SPEC)
     (Path(out_dir) / "pixrl.json").write_text(json.dumps(spec_meta, indent=1))
     return {"params": info["params"], "log": log, "info": info, "sha256": model_dir_sha256(out_dir)}
+
+BASE_BUILDS = {   # the committed bases: name → how `make base` builds it (nbs/base.ipynb -p name <name>)
+    BASE_NAME: BaseConfig(),
+    NOISY_NAME: BaseConfig(init=BASE_NAME, jitter=0.2, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=1),
+}
+
+
+def base_build(name: str, **overrides) -> BaseConfig:
+    """The `BaseConfig` of committed base `name` (`BASE_BUILDS`), with the `overrides` that are not None
+    (`hidden` also sets heads = hidden/32 and kv heads = hidden/64, at least 2 and 1)."""
+    if name not in BASE_BUILDS:
+        raise ValueError(f"base {name!r}; accepted: {sorted(BASE_BUILDS)}")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if "hidden" in given:
+        given.update(heads=max(2, given["hidden"] // 32), kv_heads=max(1, given["hidden"] // 64))
+    return dataclasses.replace(BASE_BUILDS[name], **given)
+

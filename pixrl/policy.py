@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from transformers import AutoConfig, AutoTokenizer, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
-from .core import repo_root, cache_dir, TINY_NAME, TINY_VL_NAME, BASE_NAME, PIXRL_META
+from .core import repo_root, cache_dir, TINY_NAME, TINY_VL_NAME, BASE_NAME, COMMITTED_MODELS, PIXRL_META
 from .prompt import PromptSpec, prompt_text, prompt_image, feed_text, format_answer
 
 hf_logging.disable_progress_bar()  # evidence notebooks carry no progress-bar output
@@ -51,7 +51,7 @@ def check_model_dir(path, name: str, expected: str | None = None) -> str:
     return str(path)
 
 def resolve_model(model: str | os.PathLike) -> str:
-    """`pixrl-base`, `pixrl-tiny` → the committed directory (pixrl-base checked against its recorded sha256); `pixrl-tiny-vl` → the from-config tiny VLM (`pixrl.tiny.build_tiny_vlm`,
+    """`pixrl-base`, `pixrl-base-noisy`, `pixrl-tiny` → the committed directory (the bases checked against their recorded sha256); `pixrl-tiny-vl` → the from-config tiny VLM (`pixrl.tiny.build_tiny_vlm`,
     built into the cache on first use, seed 0); an existing path → itself; `owner/name` → HF id; else ValueError."""
     m = str(model)
     if m == TINY_VL_NAME:
@@ -63,11 +63,11 @@ def resolve_model(model: str | os.PathLike) -> str:
             shutil.rmtree(p, ignore_errors=True)
             os.replace(tmp, p)
         return str(p)
-    if m == BASE_NAME:
-        p = repo_root() / "data" / "models" / BASE_NAME
+    if m in COMMITTED_MODELS:
+        p = repo_root() / "data" / "models" / m
         if not (p / "config.json").exists():
-            raise ValueError(f"pixrl-base is missing at {p}; rebuild it with `make base`")
-        return check_model_dir(p, BASE_NAME)
+            raise ValueError(f"{m} is missing at {p}; rebuild it with `make base`")
+        return check_model_dir(p, m)
     if m == TINY_NAME:
         p = repo_root() / "data" / "models" / TINY_NAME
         if not (p / "config.json").exists():

@@ -278,10 +278,10 @@ def base_identity(model: str, model_path: str) -> dict:
     """{name, sha256, get}: the base a campaign started from, as a user can get it. `model` is the campaign
     config's `model`, `model_path` where it was when training began; sha256 is of `model.safetensors`
     (`pixrl.policy.model_dir_sha256`): the committed record when there is one, else the folder's own."""
-    from pixrl.core import BASE_NAME, TINY_NAME
+    from pixrl.core import COMMITTED_MODELS, TINY_NAME
     from pixrl.policy import model_dir_sha256, recorded_sha256
     here = model_dir_sha256(model_path) if (Path(model_path) / "model.safetensors").is_file() else None
-    if model in (BASE_NAME, TINY_NAME):
+    if model in (*COMMITTED_MODELS, TINY_NAME):
         recorded = recorded_sha256(model)
         if recorded and here and recorded != here:
             raise ValueError(f"the campaign's base {model!r} at {model_path!r} has weights sha256 {here}, not the "
@@ -326,12 +326,12 @@ def _mb(n) -> str:
 
 def _why_merged(s: dict) -> str:
     "Why the release is the merged model rather than the base + the ordered adapters of every stage."
-    from pixrl.core import BASE_NAME, TINY_NAME
+    from pixrl.core import COMMITTED_MODELS, TINY_NAME
     trained = f"a rank-{s['lora_rank']} LoRA" if s["lora_rank"] else "all weights (full fine-tuning)"
     why = (f"The stages chain on merged weights: each trains {trained} on the previous stage's weights and merges it "
            "before the next starts, and pixrl keeps each stage's merged `final/`, not its adapter, so the merged model "
            "is the one exact form of this policy.")
-    if s["base"]["name"] in (BASE_NAME, TINY_NAME):
+    if s["base"]["name"] in (*COMMITTED_MODELS, TINY_NAME):
         why += (f" For pixrl's own small models it is also the smaller form: the merged model is {_mb(s['merged_bytes'])} "
                 f"and the base alone {_mb(s['base_bytes'])}, so the base plus the adapters could only be larger.")
     return why
