@@ -32,11 +32,11 @@ test: setup
 	nbdev_test
 	python -m pytest -q -p no:cacheprovider tests
 
-# The main job: arm B (base RL L0 -> L4) on the embedded pixrl-base; re-running resumes (finished stages are skipped).
+# The main job: arm B (base RL L0 -> L4) on the embedded pixrl-base-noisy; re-running resumes (finished stages are skipped).
 train: setup
 	papermill nbs/train.ipynb runs/b.ipynb -p arm B --cwd nbs
 
-# The fixed 80-task probe of a model (default pixrl-base); -> runs/probe.ipynb + runs/probe/probe.json
+# The fixed 80-task probe of a model (default pixrl-base-noisy); -> runs/probe.ipynb + runs/probe/probe.json
 probe: setup
 	papermill nbs/probe.ipynb runs/probe.ipynb --cwd nbs
 

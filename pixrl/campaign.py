@@ -4,7 +4,7 @@
 from __future__ import annotations
 import argparse, contextlib, dataclasses, hashlib, json, os, shutil, socket, subprocess, sys, time, uuid
 from pathlib import Path
-from .core import cache_dir, read_json, repo_root, set_seed, write_text_atomic
+from .core import NOISY_NAME, cache_dir, read_json, repo_root, set_seed, write_text_atomic
 from .reward import DEFAULT_REWARD, REWARD_POLICIES
 from .tracking import PROGRESS_FILE, ProgressDisplay, check_report_to, read_progress, tracker_env
 
@@ -170,14 +170,15 @@ LATER_FIELDS = {"num_iterations": 1, "num_processes": 1, "sft_batch": 16}
 class CampaignConfig:
     "Everything that defines a pix campaign: the single source of its defaults (train.ipynb's parameters mirror it)."
     arm: str = "B"                     # a row of ARMS: A B C D E F G I
-    model: str = "pixrl-base"          # pixrl-base (the competent default) | pixrl-tiny (weak fixture) | pixrl-tiny-vl | an HF id | a local dir
+    model: str = NOISY_NAME            # pixrl-base-noisy (the default) | pixrl-base (its exact-copy parent) | pixrl-tiny (weak fixture) | pixrl-tiny-vl | an HF id | a local dir
     runs_root: str = "runs"            # parent folder of the run directory
     name: str | None = None            # run directory name; None: the arm in lower case (+ '-smoke' in smoke mode)
     levels: tuple = LEVELS             # curriculum levels the plan covers (a tuple, or "0,1,2" from papermill)
-    steps_per_level: int = 36          # GRPO optimizer steps per RL stage (arm B on pixrl-base: runs/b, 9.9 min on 2 cores)
+    steps_per_level: int = 36          # GRPO optimizer steps per RL stage (make train: runs/b, ≈ 11 min on 2 cores)
     rollouts: int = 8                  # G: completions per group (TRL num_generations)
     groups_per_step: int = 2           # prompts per optimizer step (batch = groups_per_step · rollouts completions)
-    lr: float = 1e-4                   # GRPO learning rate (LoRA; constant; 1e-3 made pixrl-base worse: runs/b_lr1e-3)
+    lr: float = 5e-4                   # GRPO learning rate (LoRA; constant). pixrl-base, an exact copier, only got worse above 1e-4
+                                       # (runs/b_lr1e-3); pixrl-base-noisy has a spread to sharpen (runs/b, runs/README)
     lora_rank: int = 16                # LoRA rank on every linear layer; 0 = full fine-tuning
     temperature: float = 1.0           # GRPO rollouts' sampling temperature (top_k 0, top_p 1); probes sample at T 1
     max_new_tokens: int | None = None  # completion budget; None: the model's pixrl.json budget (C/D: THINK_MAX_NEW_TOKENS)
