@@ -174,11 +174,11 @@ class CampaignConfig:
     runs_root: str = "runs"            # parent folder of the run directory
     name: str | None = None            # run directory name; None: the arm in lower case (+ '-smoke' in smoke mode)
     levels: tuple = LEVELS             # curriculum levels the plan covers (a tuple, or "0,1,2" from papermill)
-    steps_per_level: int = 36          # GRPO optimizer steps per RL stage (make train: runs/b, ≈ 11 min on 2 cores)
+    steps_per_level: int = 54          # GRPO optimizer steps per RL stage (36 at lr 5e-4 gained +0.038: runs/b_lr5e-4; make train: runs/b)
     rollouts: int = 8                  # G: completions per group (TRL num_generations)
     groups_per_step: int = 2           # prompts per optimizer step (batch = groups_per_step · rollouts completions)
-    lr: float = 1e-3                   # GRPO learning rate (LoRA; constant). On pixrl-base, an exact copier, 1e-3 made it worse
-                                       # (runs/b_lr1e-3); pixrl-base-noisy has a spread to sharpen: 5e-4 gained +0.038 (runs/b_lr5e-4)
+    lr: float = 5e-4                   # GRPO learning rate (LoRA; constant). pixrl-base-noisy: 5e-4 gained +0.038 at μ 1 (runs/b_lr5e-4);
+                                       # 1e-3 lost IoU in its first two stages (stopped, not committed); pixrl-base got worse above 1e-4
     lora_rank: int = 16                # LoRA rank on every linear layer; 0 = full fine-tuning
     temperature: float = 1.0           # GRPO rollouts' sampling temperature (top_k 0, top_p 1); probes sample at T 1
     max_new_tokens: int | None = None  # completion budget; None: the model's pixrl.json budget (C/D: THINK_MAX_NEW_TOKENS)
