@@ -16,8 +16,9 @@ from .tiny import SceneTask, MODEL_IMAGE_SHAPE, char_tokenizer, tiny_config, enc
 # %% auto #0
 __all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'BASE_BUILDS',
            'cell_primitive', 'cell_scene', 'cell_stream', 'jitter_bands', 'band_program', 'target_program',
-           'BaseConfig', 'save_checkpoint', 'resume_training', 'latest_checkpoint', 'group_examples',
-           'demonstrator_rng', 'initial_model', 'step_examples', 'train_base', 'build_base', 'base_build']
+           'band_calls', 'copy_errors', 'BaseConfig', 'save_checkpoint', 'resume_training', 'latest_checkpoint',
+           'group_examples', 'demonstrator_rng', 'initial_model', 'step_examples', 'train_base', 'build_base',
+           'base_build']
 
 # %% ../nbs/06a_base.ipynb #b0a1c2d7
 BASE_CELLS = 32
@@ -164,6 +165,31 @@ def target_program(scene, target: str = "bands", n: int = BASE_CELLS, jitter: fl
         raise ValueError(f"jitter={jitter!r} with target {target!r}: the demonstrator's noise is defined on band programs only")
     return band_program(scene, n, jitter, rng) if target == "bands" else scene.program
 
+
+# %% ../nbs/06a_base.ipynb #b0a1c2f9
+def band_calls(program: str) -> list[tuple[int, ...]]:
+    """The integer arguments of each `b(...)` line of a band program, in order; a `b(...)` line with an argument
+    that is not an integer gives `()` (it never matches a real call)."""
+    calls = []
+    for line in program.splitlines():
+        line = line.strip()
+        if not (line.startswith("b(") and line.endswith(")")):
+            continue
+        try:
+            calls.append(tuple(int(v) for v in line[2:-1].split(",")))
+        except ValueError:
+            calls.append(())
+    return calls
+
+
+def copy_errors(task, program: str, n: int = BASE_CELLS) -> tuple[int, int] | None:
+    """(numbers off, numbers) of band program `program` against `task`'s exact band copy (`band_program`), number
+    by number; None when the structure differs (another number of calls, or a call of another length)."""
+    want, got = band_calls(band_program(task, n)), band_calls(program)
+    if len(want) != len(got) or any(len(w) != len(g) for w, g in zip(want, got)):
+        return None
+    off = sum(a != b for w, g in zip(want, got) for a, b in zip(w, g))
+    return off, sum(len(w) for w in want)
 
 # %% ../nbs/06a_base.ipynb #b0a1c2dc
 @dataclasses.dataclass
