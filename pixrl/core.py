@@ -12,7 +12,7 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'NOISY_NAME', 'COMMITTED_MODELS', 'PIXRL_META', 'repo_root',
            'cache_dir', 'git_state', 'package_versions', 'run_record', 'Timer', 'set_seed', 'CorruptRecord',
-           'write_text_atomic', 'read_json', 'rank', 'world_size', 'is_main_rank', 'params_digest']
+           'write_text_atomic', 'read_json', 'rank', 'world_size', 'is_main_rank', 'end_process_group', 'params_digest']
 
 # %% ../nbs/99_core.ipynb #5141a9af
 IN_TEST = bool(os.environ.get("IN_TEST"))  # set by nbdev_test: shrink notebook defaults under it
@@ -141,6 +141,15 @@ def world_size() -> int:
 def is_main_rank() -> bool:
     "True in the process that writes the stage's records (rank 0)."
     return rank() == 0
+
+def end_process_group() -> None:
+    """Leave the process group of `accelerate launch` cleanly: a barrier, then `destroy_process_group`.
+    Without it gloo's threads are torn down during interpreter exit, where a rank whose work is done can abort
+    ("terminate called without an active exception", SIGABRT) and fail the launch. A no-op in a plain process."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 def params_digest(model) -> str:
     "sha256 (16 hex) of the model's trainable parameters, in name order: equal digests ⇔ equal trainable weights."

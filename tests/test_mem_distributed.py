@@ -18,6 +18,7 @@ train, val = split_by_project(cpu_corpus(cfg)[0], VAL_FRACTION, 0)
 trainer = MemGRPOTrainer(cfg, train, val)
 hist = trainer.train()
 rec = dict(trainer.rank_record(), history=hist)
+trainer.close()
 open(f"{{sys.argv[1]}}/rank_{{rank()}}.json", "w").write(json.dumps(rec, default=float))
 """
 
