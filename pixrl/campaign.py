@@ -4,7 +4,7 @@
 from __future__ import annotations
 import argparse, contextlib, dataclasses, hashlib, json, os, shutil, socket, subprocess, sys, time, uuid
 from pathlib import Path
-from .core import NOISY_NAME, cache_dir, end_process_group, read_json, repo_root, set_seed, write_text_atomic
+from .core import NOISY_NAME, cache_dir, exit_launched_rank, read_json, repo_root, set_seed, world_size, write_text_atomic
 from .reward import DEFAULT_REWARD, REWARD_POLICIES
 from .tracking import PROGRESS_FILE, ProgressDisplay, check_report_to, read_progress, tracker_env
 
@@ -695,7 +695,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     if a.cmd == "stage":
         run_stage(a.run_dir, a.stage, a.report_to)
-        end_process_group()                       # under `accelerate launch`: every rank leaves gloo before exit
+        if world_size() > 1:                      # a rank of `accelerate launch`: exit past gloo's teardown
+            exit_launched_rank(0)
         return 0
     cfg = CampaignConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(CampaignConfig)})
     try:

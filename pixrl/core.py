@@ -12,7 +12,8 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'NOISY_NAME', 'COMMITTED_MODELS', 'PIXRL_META', 'repo_root',
            'cache_dir', 'git_state', 'package_versions', 'run_record', 'Timer', 'set_seed', 'CorruptRecord',
-           'write_text_atomic', 'read_json', 'rank', 'world_size', 'is_main_rank', 'end_process_group', 'params_digest']
+           'write_text_atomic', 'read_json', 'rank', 'world_size', 'is_main_rank', 'end_process_group',
+           'exit_launched_rank', 'params_digest']
 
 # %% ../nbs/99_core.ipynb #5141a9af
 IN_TEST = bool(os.environ.get("IN_TEST"))  # set by nbdev_test: shrink notebook defaults under it
@@ -143,13 +144,23 @@ def is_main_rank() -> bool:
     return rank() == 0
 
 def end_process_group() -> None:
-    """Leave the process group of `accelerate launch` cleanly: a barrier, then `destroy_process_group`.
-    Without it gloo's threads are torn down during interpreter exit, where a rank whose work is done can abort
-    ("terminate called without an active exception", SIGABRT) and fail the launch. A no-op in a plain process."""
+    "Leave the process group of `accelerate launch`: a barrier, then `destroy_process_group`; a no-op in a plain process."
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+def exit_launched_rank(code: int = 0) -> None:
+    """End a rank started by `accelerate launch`: flush stdout and stderr, leave the process group, and exit with `code`
+    without the interpreter's teardown (`os._exit`). Call it last, once every record is written and trackers are done.
+    Why: gloo's threads can outlive `destroy_process_group` (a `from_pretrained` or a collective under a live group
+    keeps them), and torn down with C++ static objects at exit they abort the rank ("terminate called without an
+    active exception", SIGABRT or SIGSEGV) after its work is done: 1 launch in about 10 of the mem trainer's 2-rank
+    test, and once in CI. `os._exit` skips that teardown and atexit handlers, which is why it must come last."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    end_process_group()
+    os._exit(code)
 
 def params_digest(model) -> str:
     "sha256 (16 hex) of the model's trainable parameters, in name order: equal digests ⇔ equal trainable weights."

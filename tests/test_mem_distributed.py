@@ -1,6 +1,8 @@
 """The mem trainer (`pixrl.mem.train.MemGRPOTrainer`) under `accelerate launch` with 2 CPU processes (gloo), started
 as a user starts it: each rank rolls out its share of every step's questions, the global batch per optimizer step
-is the config's (questions_per_step · group_size episodes), and the two ranks hold identical weights that moved."""
+is the config's (questions_per_step · group_size episodes), and the two ranks hold identical weights that moved.
+The script ends as a launched script must (`pixrl.core.exit_launched_rank`): without it about 1 launch in 10 aborted
+at interpreter exit, after both ranks had written their records."""
 import json, os, socket, subprocess, sys
 import pytest
 from pixrl.campaign import process_capacity
@@ -9,7 +11,7 @@ STEPS, QUESTIONS, GROUP = 2, 4, 2
 
 SCRIPT = """
 import json, sys
-from pixrl.core import rank
+from pixrl.core import rank, exit_launched_rank
 from pixrl.mem.train import MemTrainConfig, MemGRPOTrainer, cpu_corpus
 from pixrl.mem.model import VAL_FRACTION
 from pixrl.mem.corpus import split_by_project
@@ -18,8 +20,8 @@ train, val = split_by_project(cpu_corpus(cfg)[0], VAL_FRACTION, 0)
 trainer = MemGRPOTrainer(cfg, train, val)
 hist = trainer.train()
 rec = dict(trainer.rank_record(), history=hist)
-trainer.close()
 open(f"{{sys.argv[1]}}/rank_{{rank()}}.json", "w").write(json.dumps(rec, default=float))
+exit_launched_rank(0)
 """
 
 

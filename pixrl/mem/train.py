@@ -14,7 +14,7 @@ from ..advantage import credit_advantage, final_turn_advantage, check_alpha, ADV
 from .env import MemEpisode, TURN_STOP, TURN_HEADER, ANSWER_HEADER
 from . import corpus as mem_corpus
 from ..tracking import Tracker, check_report_to, tracker_dir
-from ..core import rank, world_size, is_main_rank, params_digest, end_process_group
+from ..core import rank, world_size, is_main_rank, params_digest
 
 # %% auto #0
 __all__ = ['GPU_DEFAULTS', 'MemTrainConfig', 'cpu_corpus', 'Gen', 'HFPolicy', 'make_policy', 'VLLMPolicy', 'Trajectory',
@@ -417,7 +417,7 @@ class MemGRPOTrainer:
     Under `accelerate launch` (N processes, gloo): every rank draws the same questions and rolls out its share
     (every N-th), the token-mean's N counts the tokens of all ranks, the gradients are summed over the ranks before
     each optimizer step, so every rank takes the same step and holds the same weights; metrics cover all ranks.
-    After the last step a launched script calls `close()`, which leaves the process group before exit."""
+    A launched script ends with `pixrl.core.exit_launched_rank()`, after it has written its records."""
     def __init__(self, cfg: MemTrainConfig, train_records, val_records=(), model=None, tokenizer=None, run_dir=None):
         self.cfg = cfg.validate()
         if not train_records:
@@ -479,10 +479,6 @@ class MemGRPOTrainer:
         out = [None] * self.world
         torch.distributed.all_gather_object(out, list(items))
         return [x for part in out for x in part]
-
-    def close(self) -> None:
-        "End the process group under `accelerate launch` (`pixrl.core.end_process_group`); call once, after training."
-        end_process_group()
 
     def rank_record(self) -> dict:
         "{rank, world_size, questions (per step, this rank's), global_batch, steps, params_digest, params_digest_start}."
