@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import os, platform, random, subprocess, sys, time
+import atexit, os, platform, random, subprocess, sys, time
 from importlib import metadata
 from pathlib import Path
 
@@ -151,15 +151,17 @@ def end_process_group() -> None:
         dist.destroy_process_group()
 
 def exit_launched_rank(code: int = 0) -> None:
-    """End a rank started by `accelerate launch`: flush stdout and stderr, leave the process group, and exit with `code`
-    without the interpreter's teardown (`os._exit`). Call it last, once every record is written and trackers are done.
+    """End a rank started by `accelerate launch`: leave the process group, run the `atexit` handlers (trackers close
+    their files there), flush stdout and stderr, and exit with `code` without the interpreter's C++ teardown
+    (`os._exit`). Call it last, once every record is written.
     Why: gloo's threads can outlive `destroy_process_group` (a `from_pretrained` or a collective under a live group
     keeps them), and torn down with C++ static objects at exit they abort the rank ("terminate called without an
     active exception", SIGABRT or SIGSEGV) after its work is done: 1 launch in about 10 of the mem trainer's 2-rank
-    test, and once in CI. `os._exit` skips that teardown and atexit handlers, which is why it must come last."""
+    test, and once in CI."""
+    end_process_group()
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    end_process_group()
     os._exit(code)
 
 def params_digest(model) -> str:
