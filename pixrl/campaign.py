@@ -174,10 +174,9 @@ class CampaignConfig:
     runs_root: str = "runs"            # parent folder of the run directory
     name: str | None = None            # run directory name; None: the arm in lower case (+ '-smoke' in smoke mode)
     levels: tuple = LEVELS             # curriculum levels the plan covers (a tuple, or "0,1,2" from papermill)
-    steps_per_level: int = 27          # GRPO optimizer steps per RL stage; 27 × 4 groups costs what 54 × 2 did (runs/b_g2: +0.041)
+    steps_per_level: int = 54          # GRPO optimizer steps per RL stage (36 at lr 5e-4 gained +0.038: runs/b_lr5e-4; make train: runs/b)
     rollouts: int = 8                  # G: completions per group (TRL num_generations)
-    groups_per_step: int = 4           # prompts per optimizer step (batch = groups_per_step · rollouts completions); 4 groups
-                                       # of 8 beat 2 at equal compute in a one-stage screen (not committed); make train: runs/b
+    groups_per_step: int = 2           # prompts per optimizer step (batch = groups_per_step · rollouts completions)
     lr: float = 5e-4                   # GRPO learning rate (LoRA; constant). pixrl-base-noisy: 5e-4 gained +0.038 at μ 1 (runs/b_lr5e-4);
                                        # 1e-3 lost IoU in its first two stages (stopped, not committed); pixrl-base got worse above 1e-4
     lora_rank: int = 16                # LoRA rank on every linear layer; 0 = full fine-tuning

@@ -19,7 +19,7 @@ def _run(tmp_path, **parameters) -> str:
 
 def test_refuses_a_pair_of_different_recipes(tmp_path):
     with pytest.raises(pm.PapermillExecutionError, match="differs in more than the arm"):
-        _run(tmp_path, a_runs="a_base", b_runs="b_g2")       # pixrl-base's A against the pixrl-base-noisy B
+        _run(tmp_path, a_runs="a_base", b_runs="b")          # pixrl-base's A against the pixrl-base-noisy B
 
 
 def test_refuses_arms_other_than_a_then_b(tmp_path):
@@ -40,7 +40,7 @@ def _plain_mean_diff(a: str, b: str, metric: str) -> float:
 
 
 def test_a_minus_b_is_the_per_task_mean_difference(tmp_path):
-    pairs = [("a", "b_g2"), ("a_seed1", "b_g2_seed1")]
+    pairs = [("a", "b"), ("a_seed1", "b_seed1")]
     text = _run(tmp_path, a_runs=",".join(a for a, _ in pairs), b_runs=",".join(b for _, b in pairs))
     from pixrl.stats import seed_ci
     ci = seed_ci([_plain_mean_diff(a, b, "iou") for a, b in pairs])
@@ -49,7 +49,7 @@ def test_a_minus_b_is_the_per_task_mean_difference(tmp_path):
 
 def test_refuses_two_pairs_of_one_seed(tmp_path):
     with pytest.raises(pm.PapermillExecutionError, match=r"pairs are one per seed; got seeds \[0, 0\]"):
-        _run(tmp_path, a_runs="a,a_sftlr1e-4", b_runs="b_g2,b_g2")
+        _run(tmp_path, a_runs="a,a_sftlr1e-4", b_runs="b,b")
 
 
 def test_sft_change_is_after_minus_base_per_task(tmp_path):
@@ -62,4 +62,4 @@ def test_sft_change_is_after_minus_base_per_task(tmp_path):
     base, after = per_task("base"), per_task(0)
     d = sum(after[t] - base[t] for t in base) / len(base)
     assert d < 0                                                 # this SFT lowered IoU: the sign is informative
-    assert f"{d:.4f}" in _run(tmp_path, a_runs="a_sftlr1e-4", b_runs="b_g2")
+    assert f"{d:.4f}" in _run(tmp_path, a_runs="a_sftlr1e-4", b_runs="b")
