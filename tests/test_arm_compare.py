@@ -1,5 +1,6 @@
 """arm_compare pairs A and B campaigns that differ only in the arm, and its A − B is the plain per-task mean."""
 import json
+import shutil
 from pathlib import Path
 
 import papermill as pm
@@ -27,12 +28,12 @@ def test_refuses_arms_other_than_a_then_b(tmp_path):
         _run(tmp_path, a_runs="b_base", b_runs="a_base")
 
 
-def _plain_mean_diff(a: str, b: str, metric: str) -> float:
-    "Σ_tasks (mean_k A − mean_k B) / n_tasks over the last stages' probes, by plain loops."
+def _plain_mean_diff(root: Path, a: str, b: str, metric: str) -> float:
+    "Σ_tasks (mean_k A − mean_k B) / n_tasks over the last stages' probes under `root`, by plain loops."
     def last(name):
-        n = len(json.loads((RUNS / name / "state.json").read_text())["stages"])
+        n = len(json.loads((root / name / "state.json").read_text())["stages"])
         per = {}
-        for s in json.loads((RUNS / name / f"probe_{n - 1}.json").read_text())["samples"]:
+        for s in json.loads((root / name / f"probe_{n - 1}.json").read_text())["samples"]:
             per.setdefault(s["task_id"], []).append(float(s[metric]))
         return {t: sum(v) / len(v) for t, v in per.items()}
     pa, pb = last(a), last(b)
@@ -40,10 +41,26 @@ def _plain_mean_diff(a: str, b: str, metric: str) -> float:
 
 
 def test_a_minus_b_is_the_per_task_mean_difference(tmp_path):
+    """The committed pairs have A − B = 0 (A's SFT is refused), which would not tell A − B from B − A; here B's last
+    probe is lowered by a known amount on some tasks (seed 0: 0.10 on 8 tasks, seed 1: 0.05 on 16), so A − B > 0."""
     pairs = [("a", "b"), ("a_seed1", "b_seed1")]
-    text = _run(tmp_path, a_runs=",".join(a for a, _ in pairs), b_runs=",".join(b for _, b in pairs))
+    for a, b in pairs:
+        shutil.copytree(RUNS / a, tmp_path / a)
+        shutil.copytree(RUNS / b, tmp_path / b)
+    for b, (drop, n) in (("b", (0.10, 8)), ("b_seed1", (0.05, 16))):
+        k = len(json.loads((tmp_path / b / "state.json").read_text())["stages"]) - 1
+        path = tmp_path / b / f"probe_{k}.json"
+        probe = json.loads(path.read_text())
+        lowered = sorted({s["task_id"] for s in probe["samples"]})[:n]
+        for s in probe["samples"]:
+            if s["task_id"] in lowered:
+                s["iou"] -= drop
+        path.write_text(json.dumps(probe))
+    text = _run(tmp_path, a_runs=",".join(a for a, _ in pairs), b_runs=",".join(b for _, b in pairs), runs_root=str(tmp_path))
     from pixrl.stats import seed_ci
-    ci = seed_ci([_plain_mean_diff(a, b, "iou") for a, b in pairs])
+    d = [_plain_mean_diff(tmp_path, a, b, "iou") for a, b in pairs]
+    assert d[0] > 0.009 and d[1] > 0.009                           # 0.10·8/80 and 0.05·16/80 over A − B = 0
+    ci = seed_ci(d)
     assert f"iou: A − B over 2 seeds {ci.mean:+.4f} (95% t-interval {ci.lo:+.4f} … {ci.hi:+.4f})" in text
 
 
