@@ -4,6 +4,8 @@ VENV  := .venv
 PY    := $(CURDIR)/$(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STAMP := $(VENV)/.pixrl-setup
+# pytest-xdist workers for make test: the tests are mostly single-threaded subprocess campaigns, so 2 fill 2 cores
+TEST_WORKERS ?= 2
 
 .PHONY: setup test train probe lab bench-eval fuzz-eval gpu-check gpu-wheels tiny base base-noisy mem-base mem-ablation export clean-nbs
 
@@ -30,7 +32,7 @@ test: setup
 	@if [ -n "$$(git status --porcelain -- nbs)" ]; then \
 	  echo "nbdev_clean changed notebooks — run nbdev_clean and commit:"; git status --porcelain -- nbs; exit 1; fi
 	nbdev_test
-	python -m pytest -q -p no:cacheprovider tests
+	python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal tests
 
 # The main job: arm B (base RL L0 -> L4) on the embedded pixrl-base-noisy; re-running resumes (finished stages are skipped).
 train: setup
