@@ -7,7 +7,7 @@ STAMP := $(VENV)/.pixrl-setup
 # pytest-xdist workers for make test: the tests are mostly single-threaded subprocess campaigns, so 2 fill 2 cores
 TEST_WORKERS ?= 2
 
-.PHONY: setup test train probe lab bench-eval fuzz-eval gpu-check gpu-wheels tiny base base-noisy mem-base mem-ablation export clean-nbs
+.PHONY: setup test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy mem-base mem-ablation export clean-nbs
 
 setup: $(STAMP)
 
@@ -85,6 +85,10 @@ fuzz-eval: setup
 # Evaluator throughput: in-process vs sandbox (2 workers) vs spawn-per-candidate, one run (~3-5 min).
 bench-eval: setup
 	papermill nbs/bench_eval.ipynb runs/bench_eval.ipynb --cwd nbs
+
+# GRPO rollout time through the peft wrapper vs fast_rollouts (LoRA-merged copy + static cache), side by side (~2 min).
+bench-rollout: setup
+	papermill nbs/bench_rollout.ipynb runs/bench_rollout.ipynb --cwd nbs
 
 lab: setup
 	pixrl lab

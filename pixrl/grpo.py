@@ -2,7 +2,7 @@
 
 # %% ../nbs/07_grpo.ipynb #b88afa78
 from __future__ import annotations
-import dataclasses, hashlib, importlib.util, json, os, time
+import copy, dataclasses, hashlib, importlib.util, json, os, time
 from pathlib import Path
 import numpy as np
 import torch
@@ -22,9 +22,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 datasets.disable_progress_bars()
 
 # %% auto #0
-__all__ = ['replay_mix', 'rl_dataset', 'sft_dataset', 'per_device_batch', 'PixGRPOTrainer', 'PixSFTTrainer', 'PeriodicProbe',
-           'time_shares', 'rank_record', 'ProgressLog', 'has_cuda', 'resolve_use_vllm', 'device_kw', 'lora_config',
-           'last_checkpoint', 'grpo_config', 'run_grpo', 'run_sft']
+__all__ = ['replay_mix', 'rl_dataset', 'sft_dataset', 'per_device_batch', 'merged_copy', 'PixGRPOTrainer', 'PixSFTTrainer',
+           'PeriodicProbe', 'time_shares', 'rank_record', 'ProgressLog', 'has_cuda', 'resolve_use_vllm', 'device_kw',
+           'lora_config', 'last_checkpoint', 'grpo_config', 'run_grpo', 'run_sft']
 
 # %% ../nbs/07_grpo.ipynb #4c55cd8b
 def replay_mix(tasks: list, replay_tasks: list, replay_share: float, seed: int = 0) -> list:
@@ -69,10 +69,33 @@ def per_device_batch(global_batch: int) -> int:
     return global_batch // n
 
 # %% ../nbs/07_grpo.ipynb #014c6b9d
+def merged_copy(model):
+    "A plain copy of a peft LoRA `model` with each adapter folded into its weight (W + (α/r)·B·A); any other model: itself."
+    if not hasattr(model, "merge_and_unload"):
+        return model
+    plain = copy.deepcopy(model).merge_and_unload()
+    for m in plain.modules():   # an instance-level forward (TRL's fused LM head) is a closure over the *original*
+        m.__dict__.pop("forward", None)   # model: copied, it would run the peft model; the class's forward runs the copy
+    return plain
+
 class PixGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that logs `time/generation_s` and `time/evaluation_s` per step, and counts the completions this
     process generated (`generated`: under `accelerate launch` each rank generates its share of the batch)."""
     generated = 0
+
+    def __init__(self, *args, fast_rollouts: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fast_rollouts = fast_rollouts               # rollouts from merged_copy(model) (the transformers path)
+
+    def _generate_single_turn(self, *args, **kwargs):
+        if not self.fast_rollouts or self.use_vllm:
+            return super()._generate_single_turn(*args, **kwargs)
+        wrapped = self.model_wrapped                     # TRL generates from model_wrapped: lend it the merged copy
+        self.model_wrapped = merged_copy(self.accelerator.unwrap_model(wrapped))
+        try:
+            return super()._generate_single_turn(*args, **kwargs)
+        finally:
+            self.model_wrapped = wrapped
 
     def _generate(self, prompts):
         t = time.perf_counter()
@@ -210,12 +233,13 @@ def _common_args(out_dir, steps, lr, seed, save_steps, report_to: str = "none", 
 
 def grpo_config(out_dir, steps: int, *, lr: float, num_generations: int, groups_per_step: int, temperature: float,
                 max_new_tokens: int, seed: int, save_steps: int, scale_rewards: str, loss_type: str, beta: float,
-                num_iterations: int,
+                num_iterations: int, fast_rollouts: bool,
                 use_vllm: bool | None = None, chat_template_kwargs: dict | None = None, report_to: str = "none",
                 project: str = "pixrl", run_name: str | None = None) -> GRPOConfig:
     """GRPOConfig for one pix RL stage (batch = `groups_per_step` × G completions, one optimizer step per batch;
     under `accelerate launch` that global batch is split evenly over the processes: `per_device_batch`).
-    The knobs have no defaults here: a campaign passes its `CampaignConfig` (the single source of defaults)."""
+    The knobs have no defaults here: a campaign passes its `CampaignConfig` (the single source of defaults).
+    `fast_rollouts`: a static KV cache for transformers generation (PixGRPOTrainer also merges the LoRA for it)."""
     if num_generations < 2:
         raise ValueError(f"num_generations must be >= 2 (GRPO needs a group), got {num_generations!r}")
     vllm = resolve_use_vllm(use_vllm)
@@ -226,6 +250,7 @@ def grpo_config(out_dir, steps: int, *, lr: float, num_generations: int, groups_
                       num_generations=num_generations, max_completion_length=max_new_tokens, temperature=temperature,
                       top_k=0, top_p=1.0, beta=beta, scale_rewards=scale_rewards, loss_type=loss_type,
                       num_iterations=num_iterations,
+                      cache_implementation="static" if fast_rollouts and not vllm else None,
                       use_vllm=vllm, log_completions=False,
                       mask_truncated_completions=False,
                       chat_template_kwargs=chat_template_kwargs or None, **extra)
@@ -280,7 +305,8 @@ def _finish(trainer, policy: Policy, out_dir: Path, meta: dict) -> Path:
 
 def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lora_rank: int, num_generations: int,
              groups_per_step: int, temperature: float, max_new_tokens: int | None, seed: int, save_steps: int,
-             reward: str, scale_rewards: str, loss_type: str, beta: float, num_iterations: int, replay_tasks: list = (),
+             reward: str, scale_rewards: str, loss_type: str, beta: float, num_iterations: int, fast_rollouts: bool,
+             replay_tasks: list = (),
              replay_share: float = 0.0, use_vllm: bool | None = None, callbacks: list = (),
              thinking: bool | None = None, report_to: str = "none", project: str = "pixrl",
              run_name: str | None = None) -> dict:
@@ -295,13 +321,14 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lor
     cfg = grpo_config(out_dir, steps, lr=lr, num_generations=num_generations, groups_per_step=groups_per_step,
                       temperature=temperature, max_new_tokens=int(max_new_tokens or policy.max_new_tokens), seed=seed,
                       save_steps=save_steps, scale_rewards=scale_rewards, loss_type=loss_type, beta=beta,
-                      num_iterations=num_iterations,
+                      num_iterations=num_iterations, fast_rollouts=fast_rollouts,
                       use_vllm=use_vllm,
                       chat_template_kwargs=thinking_kwargs(policy.processor or policy.tokenizer, thinking),
                       report_to=report_to, project=project, run_name=run_name)
     trainer = PixGRPOTrainer(model=policy.model, reward_funcs=reward_fn, args=cfg, train_dataset=rl_dataset(policy, rows),
                              processing_class=policy.processor or policy.tokenizer,
-                             peft_config=lora_config(lora_rank), callbacks=list(callbacks))
+                             peft_config=lora_config(lora_rank), callbacks=list(callbacks),
+                             fast_rollouts=fast_rollouts)
     trainer.remove_callback(PrinterCallback)  # metrics go to metrics.json, not stdout
     out = _train_resumable(trainer, policy, out_dir, {"stage": "grpo", "steps": steps})
     return {**out, "time_shares": time_shares(out["log_history"]), "n_rows": len(rows)}

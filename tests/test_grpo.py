@@ -8,7 +8,8 @@ import torch
 
 from pixrl.advantage import group_advantage
 from pixrl.campaign import CampaignConfig, SCALE_REWARDS
-from pixrl.grpo import PixGRPOTrainer, grpo_config, rl_dataset
+import pixrl.grpo
+from pixrl.grpo import PixGRPOTrainer, grpo_config, lora_config, rl_dataset
 from pixrl.policy import load_policy
 from pixrl.tasks import load_split
 
@@ -19,7 +20,8 @@ REWARDS = [0.05, 0.9, 0.3, 0.3,   0.0, 0.0, 0.0, 1.0,   0.5, 0.5, 0.5, 0.5]   # 
 def _knobs(cfg: CampaignConfig, **over) -> dict:
     return {"lr": cfg.lr, "num_generations": G, "groups_per_step": len(REWARDS) // G, "temperature": cfg.temperature,
             "max_new_tokens": 8, "seed": cfg.seed, "save_steps": cfg.save_steps, "scale_rewards": cfg.scale_rewards,
-            "loss_type": cfg.loss_type, "beta": cfg.beta, "num_iterations": cfg.num_iterations, **over}
+            "loss_type": cfg.loss_type, "beta": cfg.beta, "num_iterations": cfg.num_iterations,
+            "fast_rollouts": cfg.fast_rollouts, **over}
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +61,63 @@ def test_campaign_loss_settings_reach_trl_config(tmp_path):
     assert (cfg.scale_rewards, cfg.loss_type, cfg.beta) == ("batch", "dr_grpo", 0.04)
     default = grpo_config(tmp_path, 1, **_knobs(CampaignConfig()))
     assert (default.scale_rewards, default.loss_type, default.beta) == ("group", "dapo", 0.0)
+
+
+def test_fast_rollouts_generate_from_a_merged_copy_and_train_the_adapter(tmp_path, monkeypatch):
+    """fast_rollouts: each generation batch comes from a plain merged copy with a static cache; the peft model
+    (the one the optimizer steps) never generates and is lent back after every batch."""
+    policy = load_policy("pixrl-tiny")
+    tasks = [t for t in load_split("train") if t.level == 0][:2]
+    copies, peft_generates = [], []
+    real = pixrl.grpo.merged_copy
+
+    peft_forwards = []                                   # forward calls of one of the peft model's LoRA layers
+
+    def spy(model):
+        m = real(model)
+        calls = []
+        gen = m.generate
+
+        def generate(*a, **k):
+            n = len(peft_forwards)
+            out = gen(*a, **k)
+            calls.append((k.get("generation_config"), len(peft_forwards) - n))
+            return out
+        m.generate = generate
+        copies.append((m, calls))
+        return m
+
+    monkeypatch.setattr(pixrl.grpo, "merged_copy", spy)
+    args = grpo_config(tmp_path, 2, **_knobs(CampaignConfig(), groups_per_step=2, fast_rollouts=True))
+    tr = PixGRPOTrainer(model=policy.model, reward_funcs=lambda completions=None, **kw: [float(sum(map(ord, c)) % 7) for c in completions],
+                        args=args, train_dataset=rl_dataset(policy, tasks), processing_class=policy.tokenizer,
+                        peft_config=lora_config(8), fast_rollouts=True)
+    peft_model = tr.model_wrapped
+    lora_layer = next(mod for mod in peft_model.modules() if hasattr(mod, "lora_A"))
+    lora_layer.register_forward_hook(lambda *a: peft_forwards.append(1))
+    pg = peft_model.generate
+    peft_model.generate = lambda *a, **k: peft_generates.append(1) or pg(*a, **k)
+    before = {n: p.detach().clone() for n, p in peft_model.named_parameters() if "lora_B" in n}
+    tr.train()
+    assert tr.state.global_step == 2 and len(copies) == 2 and not peft_generates   # one merged copy per generation batch
+    for m, calls in copies:
+        assert m is not peft_model and not any("lora" in n for n, _ in m.named_parameters())
+        assert len(calls) == 1 and calls[0][0].cache_implementation == "static"
+        assert calls[0][1] == 0          # the copy ran its own layers (TRL's patched forward would run the peft model's)
+    assert peft_forwards                                                        # ... which the loss then used
+    assert tr.model_wrapped is peft_model                                       # lent back
+    moved = [n for n, p in peft_model.named_parameters() if "lora_B" in n and not torch.equal(p, before[n])]
+    assert moved                                                                # the adapter trained
+
+
+def test_fast_rollouts_off_generates_from_the_peft_model(tmp_path, monkeypatch):
+    policy = load_policy("pixrl-tiny")
+    tasks = [t for t in load_split("train") if t.level == 0][:2]
+    copies = []
+    monkeypatch.setattr(pixrl.grpo, "merged_copy", lambda m: copies.append(m) or m)
+    args = grpo_config(tmp_path, 1, **_knobs(CampaignConfig(), groups_per_step=2))
+    tr = PixGRPOTrainer(model=policy.model, reward_funcs=lambda completions=None, **kw: [0.0] * len(completions),
+                        args=args, train_dataset=rl_dataset(policy, tasks), processing_class=policy.tokenizer,
+                        peft_config=lora_config(8))
+    tr.train()
+    assert tr.state.global_step == 1 and not copies and args.cache_implementation is None
