@@ -10,12 +10,12 @@ from .tracking import PROGRESS_FILE, ProgressDisplay, check_report_to, read_prog
 
 # %% auto #0
 __all__ = ['LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_STEPS', 'ARMS', 'THINKING_ARMS',
-           'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'SCALE_REWARDS', 'LOSS_TYPES', 'LATER_FIELDS', 'POLL_S', 'Arm',
-           'Stage', 'RunPlan', 'build_plan', 'operating_point', 'gate_absolute', 'gate_relative', 'CampaignConfig',
-           'validate', 'process_capacity', 'check_num_processes', 'load_state', 'save_state', 'ckpt_dir', 'init_state',
-           'stage_input', 'trl_settings', 'token_budget', 'run_preflight_stage', 'campaign_reward', 'canary_probe',
-           'stage_run_name', 'run_stage', 'stage_command', 'CampaignBusy', 'run_dir_lock', 'run_campaign',
-           'probe_points', 'cli_main']
+           'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'SCALE_REWARDS', 'LOSS_TYPES', 'LATER_FIELDS', 'UNTRAINED', 'POLL_S',
+           'Arm', 'Stage', 'RunPlan', 'build_plan', 'operating_point', 'gate_absolute', 'gate_relative', 'recipe',
+           'CampaignConfig', 'validate', 'process_capacity', 'check_num_processes', 'load_state', 'save_state',
+           'ckpt_dir', 'init_state', 'stage_input', 'trl_settings', 'token_budget', 'run_preflight_stage',
+           'campaign_reward', 'canary_probe', 'stage_run_name', 'run_stage', 'stage_command', 'CampaignBusy',
+           'run_dir_lock', 'run_campaign', 'probe_points', 'cli_main']
 
 # %% ../nbs/09_campaign.ipynb #7840ec06
 LEVELS = (0, 1, 2, 3, 4)
@@ -164,7 +164,16 @@ def _as_levels(value) -> tuple:
 
 # fields added after campaigns were recorded, with the value they had then: at that value they leave the
 # fingerprint unchanged, so a recorded state.json still matches its config
-LATER_FIELDS = {"num_iterations": 1, "num_processes": 1, "sft_batch": 16, "fast_rollouts": False}
+LATER_FIELDS = {"num_iterations": 1, "num_processes": 1, "sft_batch": 16}
+# fields that do not change what trains: where a campaign is written, how often it checkpoints, the preflight's
+# control size, where its step metrics are reported, how its rollouts are computed (fast_rollouts: the same
+# completions, runs/b_fast)
+UNTRAINED = ("runs_root", "name", "save_steps", "preflight_control_n", "report_to", "fast_rollouts")
+
+def recipe(config: dict) -> dict:
+    """What trains, from a campaign's recorded config: every field but the UNTRAINED ones; a record older than a
+    LATER_FIELDS field gets the value the field had then. Two runs of one recipe at two seeds differ only in `seed`."""
+    return {k: v for k, v in {**LATER_FIELDS, **config}.items() if k not in UNTRAINED}
 
 @dataclasses.dataclass
 class CampaignConfig:
@@ -187,8 +196,8 @@ class CampaignConfig:
     loss_type: str = "dapo"            # TRL loss_type: how token losses are aggregated ("dapo": over all tokens of the batch)
     beta: float = 0.0                  # TRL beta: KL coefficient to the reference policy; 0 = no reference model is loaded
     num_iterations: int = 1            # TRL num_iterations (μ): optimizer steps on each generated batch (clipped ratio, ε 0.2)
-    fast_rollouts: bool = False        # rollouts from a LoRA-merged copy with a static KV cache (transformers path; pixrl.grpo):
-                                       # the same policy to float rounding, 0.66 × the generation time (runs/bench_rollout)
+    fast_rollouts: bool = True         # rollouts from a LoRA-merged copy with a static KV cache (transformers path; pixrl.grpo):
+                                       # 0.68 × the generation time (runs/bench_rollout), the same completions (runs/b_fast)
     replay_share: float | None = None  # backward replay share of RL batches (lower levels); None: the arm's default
     sft_levels: tuple | None = None    # levels with an SFT stage; None: the arm's default (arms B, C, F, I refuse any)
     sft_epochs: float = 1.0            # SFT epochs over a level's train tasks
@@ -224,7 +233,7 @@ class CampaignConfig:
         """Identity of the campaign: every field that changes what trains (a later-added field at its neutral value is
         left out; so are where it is written, how often it checkpoints, and where its metrics are reported)."""
         d = {k: v for k, v in dataclasses.asdict(self).items()
-             if k not in ("runs_root", "name", "save_steps", "preflight_control_n", "report_to")
+             if k not in UNTRAINED
              and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
         d["sft_levels"] = list(d["sft_levels"]) if d["sft_levels"] is not None else None
         d["levels"] = list(d["levels"])
@@ -481,7 +490,7 @@ def run_stage(run_dir, k, report_to: str = "none") -> dict:
                        temperature=c["temperature"], max_new_tokens=op["max_new_tokens"], seed=c["seed"],
                        save_steps=c["save_steps"], replay_tasks=replay, replay_share=s["replay_share"], callbacks=cbs,
                        thinking=op["thinking"], reward=campaign_reward(c), **trl_settings(c),
-                       fast_rollouts=c.get("fast_rollouts", False), **report)
+                       fast_rollouts=c.get("fast_rollouts", CampaignConfig.fast_rollouts), **report)
     if not is_main_rank():                          # under accelerate launch: rank 0 alone probes and writes records
         return res
     write_text_atomic(run_dir / f"metrics_{k}.json", json.dumps(res["log_history"], indent=0))

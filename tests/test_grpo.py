@@ -115,7 +115,7 @@ def test_fast_rollouts_off_generates_from_the_peft_model(tmp_path, monkeypatch):
     tasks = [t for t in load_split("train") if t.level == 0][:2]
     copies = []
     monkeypatch.setattr(pixrl.grpo, "merged_copy", lambda m: copies.append(m) or m)
-    args = grpo_config(tmp_path, 1, **_knobs(CampaignConfig(), groups_per_step=2))
+    args = grpo_config(tmp_path, 1, **_knobs(CampaignConfig(), groups_per_step=2, fast_rollouts=False))
     tr = PixGRPOTrainer(model=policy.model, reward_funcs=lambda completions=None, **kw: [0.0] * len(completions),
                         args=args, train_dataset=rl_dataset(policy, tasks), processing_class=policy.tokenizer,
                         peft_config=lora_config(8))

@@ -1,6 +1,6 @@
 """Live progress and tracking (nbs/07a_tracking): a bad report_to is refused before anything trains; a tiny campaign
 with report_to=trackio writes a trackio run directory under <run_dir>/tracking/ and feeds the progress display
-from the stage subprocess while it runs; papermill keeps one progress output (one line per stage); the mem trainer
+from the stage subprocess while it runs; report_to=tensorboard writes each stage's event file there; papermill keeps one progress output (one line per stage); the mem trainer
 logs through the same setting."""
 import json, os, sqlite3, subprocess, sys, textwrap
 from pathlib import Path
@@ -70,6 +70,23 @@ def test_trackio_campaign_shows_progress_while_it_runs(tmp_path, monkeypatch):
     assert live, Recorder.shown
     assert Recorder.shown[-1].startswith("stage 1/1 rl-L0") and Recorder.shown[-1].endswith("(done)")
     assert "\n" not in Recorder.shown[-1]                                      # one line per stage
+
+
+def test_tensorboard_campaign_writes_each_stage_steps(tmp_path, monkeypatch):
+    "report_to=tensorboard on a campaign: each stage's TRL step metrics in <run_dir>/tracking/tensorboard/<stage run>."
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    monkeypatch.setenv("PIXRL_CACHE", str(tmp_path / "cache"))
+    cfg = CampaignConfig(runs_root=str(tmp_path), name="tb", report_to="tensorboard", **TINY)
+    state = campaign.run_campaign(cfg)
+    assert [s["status"] for s in state["stages"]] == ["done"]
+    stage_dir = tmp_path / "tb" / "tracking" / "tensorboard" / "stage_0-rl-L0"
+    assert list(stage_dir.glob("events.out.tfevents.*")), sorted(p.name for p in (tmp_path / "tb").rglob("*"))
+    acc = EventAccumulator(str(stage_dir))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/reward")] == [1, 2]              # the smoke stage's two GRPO steps
+    logged = [json.loads(line) for line in (tmp_path / "tb" / "progress.jsonl").read_text().splitlines()]
+    rewards = [r["reward"] for r in logged if r["event"] == "step"]
+    assert [e.value for e in acc.Scalars("train/reward")] == pytest.approx(rewards)   # the same numbers as the display
 
 
 def test_papermill_keeps_one_progress_output(tmp_path):
