@@ -14,12 +14,7 @@ from pixrl.offset.probes import (OffsetAdapter, ObjectiveAdapter, VQBeTAdapter, 
 from pixrl.offset.tokenizer import ResidualVQ
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

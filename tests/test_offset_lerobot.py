@@ -16,21 +16,14 @@ from pixrl.offset.probes import (VQBeTAdapter, VQBeTTeacherForcing, checked_head
                                  evaluate_policy, gather_offsets)
 
 REASON = lerobot_env.missing_reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"lerobot check skipped: {REASON}")
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"lerobot check skipped: {REASON}"),
+              pytest.mark.usefixtures("one_torch_thread")]   # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
 def lr():
     torch.set_num_threads(1)
     return lerobot_env.load()
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def config(lr, **kw):

@@ -13,12 +13,7 @@ from pixrl.offset.tokenizer import ResidualVQ, TokenizerNotFittedError
 G, C, A, S = 3, 5, 3, 4
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")   # tests/conftest.py
 
 
 @pytest.fixture()
