@@ -12,7 +12,7 @@ from .stats import paired_bootstrap, per_task_means
 __all__ = ['STEP_COLUMNS', 'VERDICT_METRICS', 'COLLAPSE_LEVELS', 'preflight_table', 'show_probe_curves', 'stage_table',
            'step_metrics', 'plot_steps', 'campaign_time_shares', 'best_sample', 'plot_samples', 'probe_verdicts',
            'exec_rate', 'one_call_share', 'collapse_table', 'verdict_markdown', 'wall_since', 'finish_campaign',
-           'campaign_summary']
+           'campaign_summary', 'probe_match']
 
 # %% ../nbs/09a_campaign_report.ipynb #cr000004
 STEP_COLUMNS = ("reward", "pix/reward_v3b", "pix/reward_v3c", "pix/iou_n", "pix/teacher_nb", "pix/executable",
@@ -186,3 +186,24 @@ def campaign_summary(state: dict, points: list, record: dict, wall_s: float, ver
             "verdicts": {m: {k: ci.to_dict() for k, ci in cis.items()} for m, cis in verdicts.items()},
             "improved": verdicts["reward"]["all"].verdict == "improved",
             "levels_not_improved": [k for k, ci in verdicts["reward"].items() if k != "all" and ci.verdict != "improved"]}
+
+# %% ../nbs/09a_campaign_report.ipynb #7a2069c2
+def probe_match(run_a, run_b) -> pd.DataFrame:
+    """Per probe file of two campaign run directories: samples, samples identical in (task, k, completion, IoU),
+    and the mean IoU of each. Both runs must hold the same probe files."""
+    run_a, run_b = Path(run_a), Path(run_b)
+    names_a = sorted(p.name for p in run_a.glob("probe_*.json"))
+    names_b = sorted(p.name for p in run_b.glob("probe_*.json"))
+    if not names_a or names_a != names_b:
+        raise ValueError(f"{run_a} has probes {names_a}, {run_b} has {names_b}; accepted: the same, non-empty set")
+    rows = []
+    for name in names_a:
+        sa = json.loads((run_a / name).read_text())["samples"]
+        sb = json.loads((run_b / name).read_text())["samples"]
+        key = lambda s: (s["task_id"], s["k"])
+        by_b = {key(s): s for s in sb}
+        same = sum(1 for s in sa if key(s) in by_b and by_b[key(s)]["completion"] == s["completion"]
+                   and by_b[key(s)]["iou"] == s["iou"])
+        rows.append({"probe": name.removesuffix(".json"), "samples_a": len(sa), "samples_b": len(sb), "identical": same,
+                     "iou_a": float(np.mean([s["iou"] for s in sa])), "iou_b": float(np.mean([s["iou"] for s in sb]))})
+    return pd.DataFrame(rows)
