@@ -7,7 +7,7 @@ STAMP := $(VENV)/.pixrl-setup
 # pytest-xdist workers for make test: the tests are mostly single-threaded subprocess campaigns, so 2 fill 2 cores
 TEST_WORKERS ?= 2
 
-.PHONY: setup test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy mem-base mem-ablation export clean-nbs
+.PHONY: setup test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long mem-base mem-ablation export clean-nbs
 
 setup: $(STAMP)
 
@@ -34,11 +34,11 @@ test: setup
 	nbdev_test
 	python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal tests
 
-# The main job: arm B (base RL L0 -> L4) on the embedded pixrl-base-noisy; re-running resumes (finished stages are skipped).
+# The main job: arm B (base RL L0 -> L4) on the embedded pixrl-base-long; re-running resumes (finished stages are skipped).
 train: setup
 	papermill nbs/train.ipynb runs/b.ipynb -p arm B --cwd nbs
 
-# The fixed 80-task probe of a model (default pixrl-base-noisy); -> runs/probe.ipynb + runs/probe/probe.json
+# The fixed 80-task probe of a model (default pixrl-base-long); -> runs/probe.ipynb + runs/probe/probe.json
 probe: setup
 	papermill nbs/probe.ipynb runs/probe.ipynb --cwd nbs
 
@@ -53,17 +53,23 @@ gpu-check:
 gpu-wheels:
 	bash scripts/gpu_wheels.sh
 
-# Rebuild the committed bases (pixrl.base.BASE_BUILDS): pixrl-base (~55 min on 2 free cores), then pixrl-base-noisy,
-# the campaigns' default (pixrl-base continued on a noisy demonstrator, ~7 min). Resumable: re-run after an
+# Rebuild the committed bases (pixrl.base.BASE_BUILDS): pixrl-base (~55 min on 2 free cores), then pixrl-base-noisy
+# (pixrl-base continued on a noisy demonstrator, ~7 min) and pixrl-base-long, the campaigns' default (the same
+# continuation on scenes of every length, with an 800-token budget, ~7 min). Resumable: re-run after an
 # interruption and it continues from its last good checkpoint in $PIXRL_CACHE/base-work. Then record the printed
 # sha256s in data/models/SHA256SUMS.
 base: setup
 	papermill nbs/base.ipynb runs/base_model.ipynb --cwd nbs
 	papermill nbs/base.ipynb runs/base_noisy_model.ipynb -p name pixrl-base-noisy --cwd nbs
+	papermill nbs/base.ipynb runs/base_long_model.ipynb -p name pixrl-base-long --cwd nbs
 
 # pixrl-base-noisy alone, from the committed pixrl-base (its sha256 checked first).
 base-noisy: setup
 	papermill nbs/base.ipynb runs/base_noisy_model.ipynb -p name pixrl-base-noisy --cwd nbs
+
+# pixrl-base-long alone, the campaigns' default, from the committed pixrl-base (its sha256 checked first).
+base-long: setup
+	papermill nbs/base.ipynb runs/base_long_model.ipynb -p name pixrl-base-long --cwd nbs
 
 # Rebuild pixrl-mem-base, the mem line's default (pixrl.mem.model; ~40 min on 2 free cores; resumable from its last
 # good checkpoint in $PIXRL_CACHE/mem-base-work). Then record the printed sha256 in data/models/SHA256SUMS.

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import Qwen2ForCausalLM
-from .core import set_seed, Timer, BASE_NAME, NOISY_NAME
+from .core import set_seed, Timer, BASE_NAME, NOISY_NAME, LONG_NAME
 from .geometry import render
 from .prompt import PromptSpec, build_prompt, format_answer, ink_bands, _fmt
 from .policy import model_dir_sha256
@@ -423,6 +423,8 @@ def build_base(cfg: BaseConfig, out_dir, work_dir, verbose: bool = False) -> dic
 BASE_BUILDS = {   # the committed bases: name → how `make base` builds it (nbs/base.ipynb -p name <name>)
     BASE_NAME: BaseConfig(),
     NOISY_NAME: BaseConfig(init=BASE_NAME, jitter=0.2, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=1),
+    LONG_NAME: BaseConfig(init=BASE_NAME, jitter=0.2, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=1,
+                          max_chars=1800, max_new_tokens=800),
 }
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 import argparse, contextlib, dataclasses, hashlib, json, os, shutil, socket, subprocess, sys, time, uuid
 from pathlib import Path
-from .core import NOISY_NAME, cache_dir, exit_launched_rank, read_json, repo_root, set_seed, world_size, write_text_atomic
+from .core import LONG_NAME, cache_dir, exit_launched_rank, read_json, repo_root, set_seed, world_size, write_text_atomic
 from .reward import DEFAULT_REWARD, REWARD_POLICIES
 from .tracking import PROGRESS_FILE, ProgressDisplay, check_report_to, read_progress, tracker_env
 
@@ -179,7 +179,7 @@ def recipe(config: dict) -> dict:
 class CampaignConfig:
     "Everything that defines a pix campaign: the single source of its defaults (train.ipynb's parameters mirror it)."
     arm: str = "B"                     # a row of ARMS: A B C D E F G I
-    model: str = NOISY_NAME            # pixrl-base-noisy (the default) | pixrl-base (its exact-copy parent) | pixrl-tiny (weak fixture) | pixrl-tiny-vl | an HF id | a local dir
+    model: str = LONG_NAME             # pixrl-base-long (the default) | pixrl-base-noisy (the default until 2026-12-02) | pixrl-base (their exact-copy parent) | pixrl-tiny (weak fixture) | pixrl-tiny-vl | an HF id | a local dir
     runs_root: str = "runs"            # parent folder of the run directory
     name: str | None = None            # run directory name; None: the arm in lower case (+ '-smoke' in smoke mode)
     levels: tuple = LEVELS             # curriculum levels the plan covers (a tuple, or "0,1,2" from papermill)

@@ -10,9 +10,9 @@ from importlib import metadata
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'NOISY_NAME', 'COMMITTED_MODELS', 'PIXRL_META', 'repo_root',
-           'cache_dir', 'git_state', 'package_versions', 'run_record', 'Timer', 'set_seed', 'CorruptRecord',
-           'write_text_atomic', 'read_json', 'rank', 'world_size', 'is_main_rank', 'end_process_group',
+__all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'NOISY_NAME', 'LONG_NAME', 'COMMITTED_MODELS', 'PIXRL_META',
+           'repo_root', 'cache_dir', 'git_state', 'package_versions', 'run_record', 'Timer', 'set_seed',
+           'CorruptRecord', 'write_text_atomic', 'read_json', 'rank', 'world_size', 'is_main_rank', 'end_process_group',
            'exit_launched_rank', 'params_digest']
 
 # %% ../nbs/99_core.ipynb #5141a9af
@@ -22,8 +22,9 @@ IN_TEST = bool(os.environ.get("IN_TEST"))  # set by nbdev_test: shrink notebook 
 TINY_NAME = "pixrl-tiny"         # the weak 0.8 M fixture base (tests, smoke runs)
 TINY_VL_NAME = "pixrl-tiny-vl"   # the untrained from-config VLM that exercises the vision path
 BASE_NAME = "pixrl-base"         # the competent embedded base (pixrl.base): an exact copier of its band programs
-NOISY_NAME = "pixrl-base-noisy"  # pixrl-base continued on a noisy demonstrator (pixrl.base.BASE_BUILDS): the campaigns' default
-COMMITTED_MODELS = (BASE_NAME, NOISY_NAME)   # built by `make base`, committed under data/models/ with a sha256 record
+NOISY_NAME = "pixrl-base-noisy"  # pixrl-base continued on a noisy demonstrator (pixrl.base.BASE_BUILDS): the default until 2026-12-02
+LONG_NAME = "pixrl-base-long"  # the same continuation on scenes of every length, an 800-token budget: the campaigns' default
+COMMITTED_MODELS = (BASE_NAME, NOISY_NAME, LONG_NAME)   # built by `make base`, committed under data/models/ with a sha256 record
 PIXRL_META = "pixrl.json"        # beside a model's weights: the PromptSpec it was trained with, its budget, its build
 
 def repo_root() -> Path:

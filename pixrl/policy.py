@@ -51,7 +51,7 @@ def check_model_dir(path, name: str, expected: str | None = None) -> str:
     return str(path)
 
 def resolve_model(model: str | os.PathLike) -> str:
-    """`pixrl-base`, `pixrl-base-noisy`, `pixrl-tiny` → the committed directory (the bases checked against their recorded sha256); `pixrl-tiny-vl` → the from-config tiny VLM (`pixrl.tiny.build_tiny_vlm`,
+    """`pixrl-base`, `pixrl-base-noisy`, `pixrl-base-long`, `pixrl-tiny` → the committed directory (the bases checked against their recorded sha256); `pixrl-tiny-vl` → the from-config tiny VLM (`pixrl.tiny.build_tiny_vlm`,
     built into the cache on first use, seed 0); an existing path → itself; `owner/name` → HF id; else ValueError."""
     m = str(model)
     if m == TINY_VL_NAME:
