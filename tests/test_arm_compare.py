@@ -20,7 +20,7 @@ def _run(tmp_path, **parameters) -> str:
 
 def test_refuses_a_pair_of_different_recipes(tmp_path):
     with pytest.raises(pm.PapermillExecutionError, match="differs in more than the arm"):
-        _run(tmp_path, a_runs="a_base", b_runs="b")          # pixrl-base's A against the pixrl-base-noisy B
+        _run(tmp_path, a_runs="a_base", b_runs="b_noisy")          # pixrl-base's A against the pixrl-base-noisy B
 
 
 def test_refuses_arms_other_than_a_then_b(tmp_path):
@@ -43,11 +43,11 @@ def _plain_mean_diff(root: Path, a: str, b: str, metric: str) -> float:
 def test_a_minus_b_is_the_per_task_mean_difference(tmp_path):
     """The committed pairs have A − B = 0 (A's SFT is refused), which would not tell A − B from B − A; here B's last
     probe is lowered by a known amount on some tasks (seed 0: 0.10 on 8 tasks, seed 1: 0.05 on 16), so A − B > 0."""
-    pairs = [("a", "b"), ("a_seed1", "b_seed1")]
+    pairs = [("a", "b_noisy"), ("a_seed1", "b_noisy_seed1")]
     for a, b in pairs:
         shutil.copytree(RUNS / a, tmp_path / a)
         shutil.copytree(RUNS / b, tmp_path / b)
-    for b, (drop, n) in (("b", (0.10, 8)), ("b_seed1", (0.05, 16))):
+    for b, (drop, n) in (("b_noisy", (0.10, 8)), ("b_noisy_seed1", (0.05, 16))):
         k = len(json.loads((tmp_path / b / "state.json").read_text())["stages"]) - 1
         path = tmp_path / b / f"probe_{k}.json"
         probe = json.loads(path.read_text())
@@ -66,7 +66,7 @@ def test_a_minus_b_is_the_per_task_mean_difference(tmp_path):
 
 def test_refuses_two_pairs_of_one_seed(tmp_path):
     with pytest.raises(pm.PapermillExecutionError, match=r"pairs are one per seed; got seeds \[0, 0\]"):
-        _run(tmp_path, a_runs="a,a_sftlr1e-4", b_runs="b,b")
+        _run(tmp_path, a_runs="a,a_sftlr1e-4", b_runs="b_noisy,b_noisy")
 
 
 def test_sft_change_is_after_minus_base_per_task(tmp_path):
@@ -79,4 +79,4 @@ def test_sft_change_is_after_minus_base_per_task(tmp_path):
     base, after = per_task("base"), per_task(0)
     d = sum(after[t] - base[t] for t in base) / len(base)
     assert d < 0                                                 # this SFT lowered IoU: the sign is informative
-    assert f"{d:.4f}" in _run(tmp_path, a_runs="a_sftlr1e-4", b_runs="b")
+    assert f"{d:.4f}" in _run(tmp_path, a_runs="a_sftlr1e-4", b_runs="b_noisy")
