@@ -196,7 +196,7 @@ class CampaignConfig:
     loss_type: str = "dapo"            # TRL loss_type: how token losses are aggregated ("dapo": over all tokens of the batch)
     beta: float = 0.0                  # TRL beta: KL coefficient to the reference policy; 0 = no reference model is loaded
     num_iterations: int = 1            # TRL num_iterations (μ): optimizer steps on each generated batch (clipped ratio, ε 0.2)
-    fast_rollouts: bool = True         # rollouts from a LoRA-merged copy with a static KV cache (transformers path; pixrl.grpo):
+    fast_rollouts: bool = True         # rollouts from a LoRA-merged plain copy of the policy (transformers path; pixrl.grpo):
                                        # 0.68 × the generation time (runs/bench_rollout), the same completions (runs/b_fast)
     replay_share: float | None = None  # backward replay share of RL batches (lower levels); None: the arm's default
     sft_levels: tuple | None = None    # levels with an SFT stage; None: the arm's default (arms B, C, F, I refuse any)

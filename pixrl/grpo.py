@@ -239,7 +239,7 @@ def grpo_config(out_dir, steps: int, *, lr: float, num_generations: int, groups_
     """GRPOConfig for one pix RL stage (batch = `groups_per_step` × G completions, one optimizer step per batch;
     under `accelerate launch` that global batch is split evenly over the processes: `per_device_batch`).
     The knobs have no defaults here: a campaign passes its `CampaignConfig` (the single source of defaults).
-    `fast_rollouts`: a static KV cache for transformers generation (PixGRPOTrainer also merges the LoRA for it)."""
+    `fast_rollouts` is PixGRPOTrainer's (it generates from a LoRA-merged copy); the config is the same either way."""
     if num_generations < 2:
         raise ValueError(f"num_generations must be >= 2 (GRPO needs a group), got {num_generations!r}")
     vllm = resolve_use_vllm(use_vllm)
@@ -250,7 +250,6 @@ def grpo_config(out_dir, steps: int, *, lr: float, num_generations: int, groups_
                       num_generations=num_generations, max_completion_length=max_new_tokens, temperature=temperature,
                       top_k=0, top_p=1.0, beta=beta, scale_rewards=scale_rewards, loss_type=loss_type,
                       num_iterations=num_iterations,
-                      cache_implementation="static" if fast_rollouts and not vllm else None,
                       use_vllm=vllm, log_completions=False,
                       mask_truncated_completions=False,
                       chat_template_kwargs=chat_template_kwargs or None, **extra)

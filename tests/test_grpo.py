@@ -64,7 +64,7 @@ def test_campaign_loss_settings_reach_trl_config(tmp_path):
 
 
 def test_fast_rollouts_generate_from_a_merged_copy_and_train_the_adapter(tmp_path, monkeypatch):
-    """fast_rollouts: each generation batch comes from a plain merged copy with a static cache; the peft model
+    """fast_rollouts: each generation batch comes from a plain merged copy (dynamic KV cache); the peft model
     (the one the optimizer steps) never generates and is lent back after every batch."""
     policy = load_policy("pixrl-tiny")
     tasks = [t for t in load_split("train") if t.level == 0][:2]
@@ -102,7 +102,7 @@ def test_fast_rollouts_generate_from_a_merged_copy_and_train_the_adapter(tmp_pat
     assert tr.state.global_step == 2 and len(copies) == 2 and not peft_generates   # one merged copy per generation batch
     for m, calls in copies:
         assert m is not peft_model and not any("lora" in n for n, _ in m.named_parameters())
-        assert len(calls) == 1 and calls[0][0].cache_implementation == "static"
+        assert len(calls) == 1 and calls[0][0].cache_implementation is None
         assert calls[0][1] == 0          # the copy ran its own layers (TRL's patched forward would run the peft model's)
     assert peft_forwards                                                        # ... which the loss then used
     assert tr.model_wrapped is peft_model                                       # lent back
