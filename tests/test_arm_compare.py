@@ -43,7 +43,7 @@ def _plain_mean_diff(root: Path, a: str, b: str, metric: str) -> float:
 def test_a_minus_b_is_the_per_task_mean_difference(tmp_path):
     """The committed pairs have A − B = 0 (A's SFT is refused), which would not tell A − B from B − A; here B's last
     probe is lowered by a known amount on some tasks (seed 0: 0.10 on 8 tasks, seed 1: 0.05 on 16), so A − B > 0."""
-    pairs = [("a", "b_noisy"), ("a_seed1", "b_noisy_seed1")]
+    pairs = [("a_noisy", "b_noisy"), ("a_noisy_seed1", "b_noisy_seed1")]
     for a, b in pairs:
         shutil.copytree(RUNS / a, tmp_path / a)
         shutil.copytree(RUNS / b, tmp_path / b)
