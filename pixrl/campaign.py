@@ -197,7 +197,7 @@ class CampaignConfig:
     beta: float = 0.0                  # TRL beta: KL coefficient to the reference policy; 0 = no reference model is loaded
     num_iterations: int = 1            # TRL num_iterations (μ): optimizer steps on each generated batch (clipped ratio, ε 0.2)
     fast_rollouts: bool = True         # rollouts from a LoRA-merged plain copy of the policy (transformers path; pixrl.grpo):
-                                       # 0.68 × the generation time (runs/bench_rollout), the same completions (runs/b_fast)
+                                       # 0.75 × the generation time per token (runs/bench_rollout_long), the same completions
     replay_share: float | None = None  # backward replay share of RL batches (lower levels); None: the arm's default
     sft_levels: tuple | None = None    # levels with an SFT stage; None: the arm's default (arms B, C, F, I refuse any)
     sft_epochs: float = 1.0            # SFT epochs over a level's train tasks

@@ -233,13 +233,13 @@ def _common_args(out_dir, steps, lr, seed, save_steps, report_to: str = "none", 
 
 def grpo_config(out_dir, steps: int, *, lr: float, num_generations: int, groups_per_step: int, temperature: float,
                 max_new_tokens: int, seed: int, save_steps: int, scale_rewards: str, loss_type: str, beta: float,
-                num_iterations: int, fast_rollouts: bool,
+                num_iterations: int,
                 use_vllm: bool | None = None, chat_template_kwargs: dict | None = None, report_to: str = "none",
                 project: str = "pixrl", run_name: str | None = None) -> GRPOConfig:
     """GRPOConfig for one pix RL stage (batch = `groups_per_step` × G completions, one optimizer step per batch;
     under `accelerate launch` that global batch is split evenly over the processes: `per_device_batch`).
     The knobs have no defaults here: a campaign passes its `CampaignConfig` (the single source of defaults).
-    `fast_rollouts` is PixGRPOTrainer's (it generates from a LoRA-merged copy); the config is the same either way."""
+    `fast_rollouts` is not a config field: it is PixGRPOTrainer's (it generates from a LoRA-merged copy)."""
     if num_generations < 2:
         raise ValueError(f"num_generations must be >= 2 (GRPO needs a group), got {num_generations!r}")
     vllm = resolve_use_vllm(use_vllm)
@@ -320,7 +320,7 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lor
     cfg = grpo_config(out_dir, steps, lr=lr, num_generations=num_generations, groups_per_step=groups_per_step,
                       temperature=temperature, max_new_tokens=int(max_new_tokens or policy.max_new_tokens), seed=seed,
                       save_steps=save_steps, scale_rewards=scale_rewards, loss_type=loss_type, beta=beta,
-                      num_iterations=num_iterations, fast_rollouts=fast_rollouts,
+                      num_iterations=num_iterations,
                       use_vllm=use_vllm,
                       chat_template_kwargs=thinking_kwargs(policy.processor or policy.tokenizer, thinking),
                       report_to=report_to, project=project, run_name=run_name)

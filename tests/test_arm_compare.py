@@ -66,7 +66,7 @@ def test_a_minus_b_is_the_per_task_mean_difference(tmp_path):
 
 def test_refuses_two_pairs_of_one_seed(tmp_path):
     with pytest.raises(pm.PapermillExecutionError, match=r"pairs are one per seed; got seeds \[0, 0\]"):
-        _run(tmp_path, a_runs="a,a_sftlr1e-4", b_runs="b_noisy,b_noisy")
+        _run(tmp_path, a_runs="a_noisy,a_sftlr1e-4", b_runs="b_noisy,b_noisy")
 
 
 def test_sft_change_is_after_minus_base_per_task(tmp_path):

@@ -20,8 +20,7 @@ REWARDS = [0.05, 0.9, 0.3, 0.3,   0.0, 0.0, 0.0, 1.0,   0.5, 0.5, 0.5, 0.5]   # 
 def _knobs(cfg: CampaignConfig, **over) -> dict:
     return {"lr": cfg.lr, "num_generations": G, "groups_per_step": len(REWARDS) // G, "temperature": cfg.temperature,
             "max_new_tokens": 8, "seed": cfg.seed, "save_steps": cfg.save_steps, "scale_rewards": cfg.scale_rewards,
-            "loss_type": cfg.loss_type, "beta": cfg.beta, "num_iterations": cfg.num_iterations,
-            "fast_rollouts": cfg.fast_rollouts, **over}
+            "loss_type": cfg.loss_type, "beta": cfg.beta, "num_iterations": cfg.num_iterations, **over}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +87,7 @@ def test_fast_rollouts_generate_from_a_merged_copy_and_train_the_adapter(tmp_pat
         return m
 
     monkeypatch.setattr(pixrl.grpo, "merged_copy", spy)
-    args = grpo_config(tmp_path, 2, **_knobs(CampaignConfig(), groups_per_step=2, fast_rollouts=True))
+    args = grpo_config(tmp_path, 2, **_knobs(CampaignConfig(), groups_per_step=2))
     tr = PixGRPOTrainer(model=policy.model, reward_funcs=lambda completions=None, **kw: [float(sum(map(ord, c)) % 7) for c in completions],
                         args=args, train_dataset=rl_dataset(policy, tasks), processing_class=policy.tokenizer,
                         peft_config=lora_config(8), fast_rollouts=True)
@@ -115,7 +114,7 @@ def test_fast_rollouts_off_generates_from_the_peft_model(tmp_path, monkeypatch):
     tasks = [t for t in load_split("train") if t.level == 0][:2]
     copies = []
     monkeypatch.setattr(pixrl.grpo, "merged_copy", lambda m: copies.append(m) or m)
-    args = grpo_config(tmp_path, 1, **_knobs(CampaignConfig(), groups_per_step=2, fast_rollouts=False))
+    args = grpo_config(tmp_path, 1, **_knobs(CampaignConfig(), groups_per_step=2))
     tr = PixGRPOTrainer(model=policy.model, reward_funcs=lambda completions=None, **kw: [0.0] * len(completions),
                         args=args, train_dataset=rl_dataset(policy, tasks), processing_class=policy.tokenizer,
                         peft_config=lora_config(8))
