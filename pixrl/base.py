@@ -2,7 +2,7 @@
 
 # %% ../nbs/06a_base.ipynb #b0a1c2d5
 from __future__ import annotations
-import dataclasses, hashlib, itertools, json, math, os
+import dataclasses, hashlib, itertools, json, math, os, pickle
 from pathlib import Path
 import numpy as np
 import torch
@@ -14,11 +14,11 @@ from .policy import model_dir_sha256
 from .tiny import SceneTask, MODEL_IMAGE_SHAPE, char_tokenizer, tiny_config, encode_example, collate, save_tiny
 
 # %% auto #0
-__all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'BASE_BUILDS',
-           'cell_primitive', 'cell_scene', 'cell_stream', 'jitter_bands', 'band_program', 'target_program',
-           'band_calls', 'copy_errors', 'BaseConfig', 'save_checkpoint', 'resume_training', 'latest_checkpoint',
-           'group_examples', 'demonstrator_rng', 'initial_model', 'step_examples', 'train_base', 'build_base',
-           'base_build']
+__all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'KEYS_CHECKPOINT',
+           'BASE_BUILDS', 'cell_primitive', 'cell_scene', 'cell_stream', 'jitter_bands', 'band_program',
+           'target_program', 'band_calls', 'copy_errors', 'BaseConfig', 'load_tensors', 'save_checkpoint',
+           'resume_training', 'latest_checkpoint', 'group_examples', 'demonstrator_rng', 'initial_model',
+           'step_examples', 'train_base', 'build_base', 'base_build']
 
 # %% ../nbs/06a_base.ipynb #b0a1c2d7
 BASE_CELLS = 32
@@ -261,6 +261,33 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+KEYS_CHECKPOINT = ("model", "optimizer", "scheduler", "step", "log", "config")   # what every checkpoint holds
+
+
+def _unpickler_reason(e: Exception) -> str:
+    "The line of a weights-only refusal that names what the file wanted to unpickle."
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    named = [ln for ln in lines if "Unsupported" in ln or "WeightsUnpickler" in ln]
+    return (named or lines or [type(e).__name__])[0][:300]
+
+
+def load_tensors(path, keys=()) -> dict:
+    """The dict saved at `path` with `torch.save`, read with `torch.load(weights_only=True)`: tensors and plain
+    Python data only, so loading never runs code. ValueError naming the file when it holds anything else (a
+    pickled object, a planted payload) or is not a dict with `keys`."""
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{path}: refused: it holds objects other than tensors and plain Python data, which pixrl "
+                         f"never unpickles ({_unpickler_reason(e)}); delete it, or write it again with pixrl") from None
+    except (RuntimeError, EOFError) as e:
+        raise ValueError(f"{path}: not a readable torch checkpoint: {str(e).splitlines()[0][:300]}") from None
+    if not isinstance(state, dict) or any(k not in state for k in keys):
+        got = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{path}: expected a dict with keys {list(keys)}; got {got}")
+    return state
+
+
 def save_checkpoint(ckpt_dir, step: int, state: dict, keep: int = 2) -> Path:
     "Write `state` as `step-XXXXXXX.pt` + its `.sha256`; drop all but the newest `keep` checkpoints."
     d = Path(ckpt_dir)
@@ -284,7 +311,7 @@ def resume_training(ckpt_dir, config: dict, model, opt, sched) -> tuple[int, lis
         print(f"resume: skipped {why}")
     if ckpt is None:
         return 0, []
-    state = torch.load(ckpt, weights_only=False)
+    state = load_tensors(ckpt, KEYS_CHECKPOINT)
     if state["config"] != config:
         raise ValueError(f"{ckpt}: written for config {state['config']}, not {config}; use a fresh work_dir")
     model.load_state_dict(state["model"])

@@ -4,9 +4,10 @@
 from __future__ import annotations
 import argparse, contextlib, dataclasses, hashlib, json, os, shutil, socket, subprocess, sys, time, uuid
 from pathlib import Path
-from .core import LONG_NAME, cache_dir, exit_launched_rank, read_json, repo_root, set_seed, world_size, write_text_atomic
+from .core import (LONG_NAME, Accepts, cache_dir, check_fields, exit_launched_rank, read_json, repo_root, set_seed,
+                        setting, world_size, write_text_atomic)
 from .reward import DEFAULT_REWARD, REWARD_POLICIES
-from .tracking import PROGRESS_FILE, ProgressDisplay, check_report_to, read_progress, tracker_env
+from .tracking import PROGRESS_FILE, REPORT_TO, ProgressDisplay, check_report_to, read_progress, tracker_env
 
 # %% auto #0
 __all__ = ['LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_STEPS', 'ARMS', 'THINKING_ARMS',
@@ -154,13 +155,20 @@ def gate_relative(post: dict, ref: dict, level: int, exec_slack: float = EXEC_SL
 SCALE_REWARDS = ("group", "batch", "none")   # TRL GRPOConfig.scale_rewards
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")   # TRL GRPOConfig.loss_type
 
-def _as_levels(value) -> tuple:
-    "A tuple of ints from a tuple/list or a comma-separated string ('0,1,2' — what `papermill -p levels 0,1` passes)."
+def _as_levels(value):
+    """Levels as a tuple: a list → a tuple, an int → (int,), a comma-separated string of ints ('0,1,2': what
+    `papermill -p levels 0,1` and the CLI pass) → its ints. Anything else is returned as it is, for `validate` to
+    refuse by name ('' and '0,x' stay strings)."""
     if isinstance(value, str):
-        return tuple(int(x) for x in value.split(",") if x.strip())
-    if isinstance(value, int):
+        parts = [x.strip() for x in value.split(",") if x.strip()]
+        if parts and all(x.lstrip("+-").isdecimal() for x in parts):
+            return tuple(int(x) for x in parts)
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
         return (value,)
-    return tuple(int(x) for x in value)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
 
 # fields added after campaigns were recorded, with the value they had then: at that value they leave the
 # fingerprint unchanged, so a recorded state.json still matches its config
@@ -175,48 +183,53 @@ def recipe(config: dict) -> dict:
     LATER_FIELDS field gets the value the field had then. Two runs of one recipe at two seeds differ only in `seed`."""
     return {k: v for k, v in {**LATER_FIELDS, **config}.items() if k not in UNTRAINED}
 
+_LEVEL = Accepts(int, ge=min(LEVELS), le=max(LEVELS))   # one curriculum level: L0 ... L4
+
 @dataclasses.dataclass
 class CampaignConfig:
-    "Everything that defines a pix campaign: the single source of its defaults (train.ipynb's parameters mirror it)."
-    arm: str = "B"                     # a row of ARMS: A B C D E F G I
-    model: str = LONG_NAME             # pixrl-base-long (the default) | pixrl-base-noisy (the default until 2026-12-02) | pixrl-base (their exact-copy parent) | pixrl-tiny (weak fixture) | pixrl-tiny-vl | an HF id | a local dir
-    runs_root: str = "runs"            # parent folder of the run directory
-    name: str | None = None            # run directory name; None: the arm in lower case (+ '-smoke' in smoke mode)
-    levels: tuple = LEVELS             # curriculum levels the plan covers (a tuple, or "0,1,2" from papermill)
-    steps_per_level: int = 54          # GRPO optimizer steps per RL stage (36 at lr 5e-4 gained +0.038: runs/b_lr5e-4; make train: runs/b)
-    rollouts: int = 8                  # G: completions per group (TRL num_generations)
-    groups_per_step: int = 2           # prompts per optimizer step (batch = groups_per_step · rollouts completions)
-    lr: float = 5e-4                   # GRPO learning rate (LoRA; constant). pixrl-base-noisy: 5e-4 gained +0.038 at μ 1 (runs/b_lr5e-4);
-                                       # 1e-3 lost IoU in its first two stages (stopped, not committed); pixrl-base got worse above 1e-4
-    lora_rank: int = 16                # LoRA rank on every linear layer; 0 = full fine-tuning
-    temperature: float = 1.0           # GRPO rollouts' sampling temperature (top_k 0, top_p 1); probes sample at T 1
-    max_new_tokens: int | None = None  # completion budget; None: the model's pixrl.json budget (C/D: THINK_MAX_NEW_TOKENS)
-    reward: str = DEFAULT_REWARD       # reward policy GRPO trains on and the probes score: shaped_v3c | shaped_v3b | raw_iou
-    scale_rewards: str = "group"       # TRL scale_rewards: A = (r − mean_group)/(std_group + 1e-4) | "batch" std | "none"
-    loss_type: str = "dapo"            # TRL loss_type: how token losses are aggregated ("dapo": over all tokens of the batch)
-    beta: float = 0.0                  # TRL beta: KL coefficient to the reference policy; 0 = no reference model is loaded
-    num_iterations: int = 1            # TRL num_iterations (μ): optimizer steps on each generated batch (clipped ratio, ε 0.2)
-    fast_rollouts: bool = True         # rollouts from a LoRA-merged plain copy of the policy (transformers path; pixrl.grpo):
-                                       # 0.75 × the generation time per token (runs/bench_rollout_long), the same completions
-    replay_share: float | None = None  # backward replay share of RL batches (lower levels); None: the arm's default
-    sft_levels: tuple | None = None    # levels with an SFT stage; None: the arm's default (arms B, C, F, I refuse any)
-    sft_epochs: float = 1.0            # SFT epochs over a level's train tasks
-    sft_lr: float = 1e-3               # SFT learning rate
-    sft_batch: int = 16                # SFT examples per optimizer step, over all processes (each rank takes sft_batch / num_processes)
-    fork_from: str | None = None       # run directory of a finished A campaign to fork (arms E/F)
-    fork_through: int | None = None    # last stage copied from the fork; None: the arm's default
-    exec_slack: float = EXEC_SLACK     # relative gate: the exec-rate loss an SFT insertion may cause
-    smoke: bool = False                # SMOKE_STEPS GRPO steps per stage (a plumbing check, not a result)
-    seed: int = 0                      # seeds sampling, training and the probe
-    probe_k: int = 2                   # samples per probe task
-    probe_per_level: int = 16          # probe tasks per level (the fixed probe: first ids of each validation level)
-    save_steps: int = 5                # checkpoint every this many optimizer steps (resume granularity)
-    preflight_control_n: int = 40      # validation tasks in the preflight's ground-truth positive control
-    report_to: str = "none"            # step-metric tracker (pixrl.tracking): none | trackio | tensorboard, in <run_dir>/tracking/
-    num_processes: int = 1             # processes of each GRPO and SFT stage (accelerate launch: gloo on CPU, NCCL on GPU); the batches stay as configured
+    """Everything that defines a pix campaign: the single source of its defaults (train.ipynb's parameters mirror
+    it). Every field is a `pixrl.core.setting` that says what it accepts; `validate` refuses anything else first."""
+    arm: str = setting("B", choices=tuple(ARMS))                                # a row of ARMS: A B C D E F G I (any case)
+    model: str = setting(LONG_NAME, min_len=1)                                  # pixrl-base-long (the default) | pixrl-base-noisy (the default until 2026-12-02) | pixrl-base (their exact-copy parent) | pixrl-tiny (weak fixture) | pixrl-tiny-vl | an HF id | a local dir
+    runs_root: str = setting("runs", min_len=1)                                 # parent folder of the run directory
+    name: str | None = setting(None, min_len=1)                                 # run directory name; None: the arm in lower case (+ '-smoke' in smoke mode)
+    levels: tuple = setting(LEVELS, min_len=1, distinct=True, items=_LEVEL)     # curriculum levels the plan covers, L0 ... L4 each once (a tuple, or "0,1,2" from papermill / the CLI)
+    steps_per_level: int = setting(54, ge=1)                                    # GRPO optimizer steps per RL stage (36 at lr 5e-4 gained +0.038: runs/b_lr5e-4; make train: runs/b)
+    rollouts: int = setting(8, ge=2)                                            # G: completions per group (TRL num_generations; a group of one has no advantage)
+    groups_per_step: int = setting(2, ge=1)                                     # prompts per optimizer step (batch = groups_per_step · rollouts completions)
+    lr: float = setting(5e-4, gt=0)                                             # GRPO learning rate (LoRA; constant). pixrl-base-noisy: 5e-4 gained +0.038 at μ 1 (runs/b_lr5e-4);
+                                                                                # 1e-3 lost IoU in its first two stages (stopped, not committed); pixrl-base got worse above 1e-4
+    lora_rank: int = setting(16, ge=0)                                          # LoRA rank on every linear layer; 0 = full fine-tuning
+    temperature: float = setting(1.0, gt=0)                                     # GRPO rollouts' sampling temperature (top_k 0, top_p 1); probes sample at T 1
+    max_new_tokens: int | None = setting(None, ge=1)                            # completion budget; None: the model's pixrl.json budget (C/D: THINK_MAX_NEW_TOKENS)
+    reward: str = setting(DEFAULT_REWARD, choices=REWARD_POLICIES)              # reward policy GRPO trains on and the probes score: shaped_v3d | shaped_v3c | shaped_v3b | raw_iou
+    scale_rewards: str = setting("group", choices=SCALE_REWARDS)                # TRL scale_rewards: A = (r − mean_group)/(std_group + 1e-4) | "batch" std | "none"
+    loss_type: str = setting("dapo", choices=LOSS_TYPES)                        # TRL loss_type: how token losses are aggregated ("dapo": over all tokens of the batch)
+    beta: float = setting(0.0, ge=0)                                            # TRL beta: KL coefficient to the reference policy; 0 = no reference model is loaded
+    num_iterations: int = setting(1, ge=1)                                      # TRL num_iterations (μ): optimizer steps on each generated batch (clipped ratio, ε 0.2)
+    fast_rollouts: bool = setting(True)                                         # rollouts from a LoRA-merged plain copy of the policy (transformers path; pixrl.grpo):
+                                                                                # 0.75 × the generation time per token (runs/bench_rollout_long), the same completions
+    replay_share: float | None = setting(None, ge=0, lt=1)                      # backward replay share of RL batches (lower levels), below 1 (1 leaves no row of the level); None: the arm's default
+    sft_levels: tuple | None = setting(None, distinct=True, items=_LEVEL)       # levels with an SFT stage, among `levels`; () none; None: the arm's default (arms B, C, F, I refuse any)
+    sft_epochs: float = setting(1.0, gt=0)                                      # SFT epochs over a level's train tasks
+    sft_lr: float = setting(1e-3, gt=0)                                         # SFT learning rate
+    sft_batch: int = setting(16, ge=1)                                          # SFT examples per optimizer step, over all processes (each rank takes sft_batch / num_processes)
+    fork_from: str | None = setting(None, min_len=1)                            # run directory of a finished A campaign to fork (arms E/F)
+    fork_through: int | None = setting(None, ge=0)                              # last stage copied from the fork, before the plan's last; None: the arm's default
+    exec_slack: float = setting(EXEC_SLACK, ge=0, le=1)                         # relative gate: the exec-rate loss an SFT insertion may cause
+    smoke: bool = setting(False)                                                # SMOKE_STEPS GRPO steps per stage (a plumbing check, not a result); only True or False, never "no"
+    seed: int = setting(0, ge=0)                                                # seeds sampling, training and the probe
+    probe_k: int = setting(2, ge=1)                                             # samples per probe task
+    probe_per_level: int = setting(16, ge=1)                                    # probe tasks per level (the fixed probe: first ids of each validation level)
+    save_steps: int = setting(5, ge=1)                                          # checkpoint every this many optimizer steps (resume granularity)
+    preflight_control_n: int = setting(40, ge=1)                                # validation tasks in the preflight's ground-truth positive control
+    report_to: str = setting("none", choices=REPORT_TO, check=check_report_to)  # step-metric tracker (pixrl.tracking): none | trackio | tensorboard (its package installed), in <run_dir>/tracking/
+    num_processes: int = setting(1, ge=1)                                       # processes of each GRPO and SFT stage (accelerate launch: gloo on CPU, NCCL on GPU); the batches stay as configured;
+                                                                                # at most the machine's CUDA devices (CPU: cores), a divisor of both batches (check_num_processes)
 
     def __post_init__(self):
-        self.arm = str(self.arm).upper()
+        if isinstance(self.arm, str):
+            self.arm = self.arm.upper()
         self.levels = _as_levels(self.levels)
         if self.sft_levels is not None:
             self.sft_levels = _as_levels(self.sft_levels)
@@ -241,38 +254,27 @@ class CampaignConfig:
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 def validate(cfg: CampaignConfig) -> RunPlan:
-    "All checks that must fail before any training starts; returns the plan."
+    """All checks that must fail before any training starts; returns the plan. First every field against its setting
+    (kind, range, choices: nothing is loaded), then the plan, the fork, the machine, the model and the run directory."""
     from pixrl.policy import resolve_model, model_meta
-    plan = cfg.plan()                                          # unknown arm, bad knobs
+    check_fields(cfg)                                          # a bad value of any field, named
+    plan = cfg.plan()                                          # knobs the arm refuses (SFT levels, fork_through)
+    stray = [L for L in cfg.sft_levels or () if L not in cfg.levels]
+    if stray:
+        raise ValueError(f"sft_levels={cfg.sft_levels!r}: level(s) {stray} are not in levels={cfg.levels!r}, so no stage "
+                         "would train on them; accepted: levels of the plan")
     if cfg.smoke and cfg.fork_from:
         raise ValueError(f"smoke mode prices an operating point from the base model and cannot fork "
                          f"(fork_from={cfg.fork_from!r}); drop one of smoke / fork_from")
-    if cfg.arm.upper() in ("E", "F") and not cfg.fork_from:
+    if cfg.arm in ("E", "F") and not cfg.fork_from:
         raise ValueError(f"arm {cfg.arm} forks a finished A campaign: pass fork_from=<runs_root>/<A run directory>")
     if cfg.fork_from:
         src = Path(cfg.fork_from) / "state.json"
         if not src.exists():
             raise ValueError(f"fork_from={cfg.fork_from!r} holds no campaign state.json")
-    if cfg.rollouts < 2:
-        raise ValueError(f"rollouts must be >= 2, got {cfg.rollouts!r}")
-    if cfg.scale_rewards not in SCALE_REWARDS:
-        raise ValueError(f"unknown scale_rewards {cfg.scale_rewards!r}; accepted: {', '.join(SCALE_REWARDS)}")
-    if cfg.loss_type not in LOSS_TYPES:
-        raise ValueError(f"unknown loss_type {cfg.loss_type!r}; accepted: {', '.join(LOSS_TYPES)}")
-    if not (isinstance(cfg.num_iterations, int) and cfg.num_iterations >= 1):
-        raise ValueError(f"num_iterations={cfg.num_iterations!r}: optimizer steps per generated batch must be an int >= 1")
-    if not isinstance(cfg.fast_rollouts, bool):
-        raise ValueError(f"fast_rollouts={cfg.fast_rollouts!r}; accepted: True or False")
-    if not cfg.beta >= 0:
-        raise ValueError(f"beta={cfg.beta!r}: the KL coefficient must be >= 0")
-    if cfg.reward not in REWARD_POLICIES:
-        raise ValueError(f"unknown reward policy {cfg.reward!r}; accepted: {', '.join(REWARD_POLICIES)}")
-    check_report_to(cfg.report_to)                             # unknown tracker, or its package missing
     check_num_processes(cfg.num_processes, cfg.groups_per_step * cfg.rollouts)
     if any(s.kind == "sft" for s in plan.stages):
         check_num_processes(cfg.num_processes, cfg.sft_batch, "SFT examples per optimizer step (sft_batch)")
-    if cfg.probe_k < 1 or cfg.probe_per_level < 1:
-        raise ValueError("probe_k and probe_per_level must be >= 1")
     path = resolve_model(cfg.model)                            # missing path -> ValueError
     if plan.needs_thinking:
         meta = model_meta(path) if Path(path).exists() else {}
@@ -691,10 +693,10 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run or resume a campaign")
     for f in dataclasses.fields(CampaignConfig):
         flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool",) or f.default is False:
-            r.add_argument(flag, action="store_true")
-        elif f.name in ("sft_levels", "levels"):
-            r.add_argument(flag, type=lambda s: tuple(int(x) for x in s.split(",") if x), default=f.default)
+        if f.type == "bool":                       # --smoke / --no-smoke; the default is the config's
+            r.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        elif f.name in ("sft_levels", "levels"):   # '0,1' -> (0, 1); a bad list goes on to validate, which names it
+            r.add_argument(flag, type=_as_levels, default=f.default)
         else:
             typ = {"int": int, "float": float, "str": str}.get(str(f.type).split(" ")[0], str)
             r.add_argument(flag, type=typ, default=f.default)

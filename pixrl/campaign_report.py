@@ -15,7 +15,7 @@ __all__ = ['STEP_COLUMNS', 'VERDICT_METRICS', 'COLLAPSE_LEVELS', 'preflight_tabl
            'campaign_summary', 'probe_match']
 
 # %% ../nbs/09a_campaign_report.ipynb #cr000004
-STEP_COLUMNS = ("reward", "pix/reward_v3b", "pix/reward_v3c", "pix/iou_n", "pix/teacher_nb", "pix/executable",
+STEP_COLUMNS = ("reward", "pix/reward_v3b", "pix/reward_v3c", "pix/reward_v3d", "pix/iou_n", "pix/teacher_nb", "pix/executable",
                 "frac_reward_zero_std", "entropy")
 
 def preflight_table(run_dir) -> pd.DataFrame:

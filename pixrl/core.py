@@ -5,15 +5,17 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import atexit, os, platform, random, subprocess, sys, time
+import atexit, dataclasses, math, os, platform, random, subprocess, sys, time, typing
 from importlib import metadata
 from pathlib import Path
+from typing import Callable
 
 # %% auto #0
 __all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'NOISY_NAME', 'LONG_NAME', 'COMMITTED_MODELS', 'PIXRL_META',
            'repo_root', 'cache_dir', 'git_state', 'package_versions', 'run_record', 'Timer', 'set_seed',
            'CorruptRecord', 'write_text_atomic', 'read_json', 'rank', 'world_size', 'is_main_rank', 'end_process_group',
-           'exit_launched_rank', 'params_digest']
+           'exit_launched_rank', 'params_digest', 'Accepts', 'setting', 'field_accepts', 'undeclared', 'accepted',
+           'check_fields']
 
 # %% ../nbs/99_core.ipynb #5141a9af
 IN_TEST = bool(os.environ.get("IN_TEST"))  # set by nbdev_test: shrink notebook defaults under it
@@ -174,3 +176,155 @@ def params_digest(model) -> str:
             h.update(p.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
+
+# %% ../nbs/99_core.ipynb #1d400705
+_KINDS = {"bool": bool, "int": int, "float": float, "str": str, "tuple": tuple}
+
+@dataclasses.dataclass(frozen=True)
+class Accepts:
+    """What one setting accepts, read by `check_fields`: a kind, a range, choices. `kind` None: the field's annotation
+    (bool | int | float | str | tuple; `X | None` accepts None too). A float accepts an int, never a bool, nan or ±inf;
+    an int never a bool or a float; a bool only True or False."""
+    kind: type | None = None          # bool | int | float | str | tuple; None: from the field's annotation
+    ge: float | None = None           # int / float: value >= ge
+    gt: float | None = None           # value > gt
+    le: float | None = None           # value <= le
+    lt: float | None = None           # value < lt
+    choices: tuple | None = None      # the only values accepted
+    min_len: int = 0                  # str / tuple: at least this many characters / items
+    max_len: int | None = None        # str / tuple: at most this many
+    items: "Accepts | None" = None    # tuple: what every item accepts
+    distinct: bool = False            # tuple: no item twice
+    check: Callable | None = None     # a further check of an accepted value; raises ValueError naming it
+    optional: bool = False            # None accepted (set from an `X | None` annotation)
+
+    def _bounds(self) -> str:
+        "The range rule in words: ' in [0, 1)', ' >= 1', ' > 0', '' when it has none."
+        lo = f"[{self.ge:g}" if self.ge is not None else f"({self.gt:g}" if self.gt is not None else ""
+        hi = f"{self.le:g}]" if self.le is not None else f"{self.lt:g})" if self.lt is not None else ""
+        if lo and hi:
+            return f" in {lo}, {hi}"
+        for bound, word in ((self.ge, ">="), (self.gt, ">"), (self.le, "<="), (self.lt, "<")):
+            if bound is not None:
+                return f" {word} {bound:g}"
+        return ""
+
+    def _size(self, unit: str) -> str:
+        "The length rule of a str / tuple in words ('' when it has none, or only 'not empty')."
+        if self.max_len is not None:
+            n = f"{self.min_len}" if self.min_len == self.max_len else f"{self.min_len} to {self.max_len}"
+        elif self.min_len > 1:
+            n = f"at least {self.min_len}"
+        else:
+            return ""
+        return f" of {n} {unit}" if unit else n
+
+    def describe(self) -> str:
+        "What is accepted, in words (the end of every refusal)."
+        if self.choices is not None:
+            text = "one of " + ", ".join(map(str, self.choices))
+        elif self.kind is bool:
+            text = "True or False"
+        elif self.kind is int:
+            text = "an int" + self._bounds()
+        elif self.kind is float:
+            text = "a finite number" + self._bounds()
+        elif self.kind is str:
+            text = "a non-empty str" if (self.min_len, self.max_len) == (1, None) else "a str" + self._size("characters")
+        else:
+            words = " ".join(w for w in (self._size(""), "distinct" if self.distinct else "") if w)
+            text = ("a non-empty tuple" if (self.min_len, self.max_len) == (1, None) else "a tuple") + (
+                f" of {words} items" if words else "")
+            if self.items is not None:
+                text += f", each {self.items.describe()}"
+        return ("None or " if self.optional else "") + text
+
+    def is_kind(self, value) -> bool:
+        "`value` is of the kind: a bool is no int, a float is finite (an int counts as one), a tuple is a tuple."
+        if self.kind is bool:
+            return isinstance(value, bool)
+        if self.kind is int:
+            return isinstance(value, int) and not isinstance(value, bool)
+        if self.kind is float:
+            return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return isinstance(value, self.kind)
+
+    def in_range(self, value) -> bool:
+        "An int / float within the bounds, a str / tuple within the lengths."
+        if self.kind in (str, tuple):
+            return self.min_len <= len(value) and (self.max_len is None or len(value) <= self.max_len)
+        if self.kind in (int, float):
+            return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                    and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+        return True
+
+    def refusal(self, value) -> str | None:
+        "None when `value` is accepted; else why not ('' when `describe` says it all)."
+        if value is None and self.optional:
+            return None
+        if not self.is_kind(value) or not self.in_range(value):
+            return ""
+        if self.choices is not None and value not in self.choices:
+            return ""
+        if self.kind is tuple and self.items is not None:
+            for x in value:
+                if self.items.refusal(x) is not None:
+                    return f"item {x!r} is not {self.items.describe()}"
+        if self.kind is tuple and self.distinct:
+            for k, x in enumerate(value):
+                if x in value[:k]:
+                    return f"{x!r} repeats"
+        return None
+
+def setting(default, **accepts) -> dataclasses.Field:
+    "A dataclass field with `default` that accepts what `Accepts(**accepts)` says (its kind: the field's annotation)."
+    return dataclasses.field(default=default, metadata={"accepts": Accepts(**accepts)})
+
+def _annotation(f: dataclasses.Field) -> tuple:
+    "(kind, optional) of a field's annotation: bool | int | float | str | tuple, or one of them `| None`."
+    if isinstance(f.type, str):          # `from __future__ import annotations`: the annotation's text
+        parts = [p.strip() for p in f.type.split("|")]
+        kinds = [_KINDS.get(p) for p in parts if p != "None"]
+    else:
+        parts = typing.get_args(f.type) or (f.type,)
+        kinds = [p for p in parts if p is not type(None)]
+    if len(kinds) != 1 or kinds[0] not in _KINDS.values():
+        raise TypeError(f"field {f.name}: annotation {f.type!r} is not bool, int, float, str or tuple (or one of them | None)")
+    return kinds[0], len(kinds) < len(parts)
+
+def field_accepts(f: dataclasses.Field) -> Accepts | None:
+    "What the dataclass field `f` accepts (its `setting`, the kind from its annotation); None when it declares nothing."
+    spec = f.metadata.get("accepts")
+    if spec is None:
+        return None
+    kind, optional = _annotation(f)
+    return dataclasses.replace(spec, kind=spec.kind or kind, optional=spec.optional or optional)
+
+def undeclared(cls) -> list:
+    "The fields of the dataclass `cls` that declare no `setting` (a new field must say what it accepts)."
+    return [f.name for f in dataclasses.fields(cls) if field_accepts(f) is None]
+
+def accepted(cls) -> dict:
+    "{field: what it accepts, in words} of the dataclass `cls` (None: a field that declares nothing)."
+    specs = {f.name: field_accepts(f) for f in dataclasses.fields(cls)}
+    return {name: spec.describe() if spec else None for name, spec in specs.items()}
+
+def check_fields(cfg):
+    """Refuse the first field of the dataclass instance `cfg` outside its `setting`: a ValueError naming the field, the
+    value and what it accepts; returns `cfg`. A field that declares nothing is a TypeError (a programming error, not a
+    bad value)."""
+    missing = undeclared(type(cfg))
+    if missing:
+        raise TypeError(f"{type(cfg).__name__} fields {missing} declare no setting(...): say what they accept")
+    for f in dataclasses.fields(cfg):
+        spec = field_accepts(f)
+        value = getattr(cfg, f.name)
+        why = spec.refusal(value)
+        if why is None:
+            if spec.check is not None and value is not None:
+                spec.check(value)
+            continue
+        if spec.choices is not None and isinstance(value, spec.kind) and not why:
+            raise ValueError(f"unknown {f.name} {value!r}; accepted: {', '.join(map(str, spec.choices))}")
+        raise ValueError(f"{f.name}={value!r}{': ' + why if why else ''}; accepted: {spec.describe()}")
+    return cfg

@@ -12,18 +12,39 @@ __all__ = ['REASON_CHARS', 'OK', 'SOURCE_REJECTED', 'RUNTIME_ERROR', 'TIMEOUT', 
 
 # %% ../nbs/03a_eval_types.ipynb #a1c0de02
 REASON_CHARS = 300                                          # every status reason is at most this long
-_ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{4,}")
-_INTERNAL_RE = re.compile(r"[\w.]*<locals>\.")
+_SCAN_CHARS = 8 * REASON_CHARS                              # clean_reason reads at most this much of any reason
+_ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{4,}")   # literal prefixes: linear
+_LOCALS = "<locals>."
+_RUN_RE = re.compile(r"[\w.]*")                            # anchored at the start of a reversed segment: linear
+_CUT_RE = re.compile(r"[\w.<>]{0,64}")                     # the partial word a cut leaves (reversed, anchored)
 
 def clean_reason(reason) -> str:
-    "`reason` without memory addresses or `<locals>` qualified names, cut to `REASON_CHARS` (idempotent)."
-    text = _INTERNAL_RE.sub("", _ADDRESS_RE.sub(_hide_address, str(reason)))
+    """`reason` without memory addresses or `<locals>` qualified names, cut to `REASON_CHARS` (idempotent).
+    Linear in at most `_SCAN_CHARS` characters, whatever `reason` is."""
+    text = str(reason)
+    if len(text) > _SCAN_CHARS:
+        text = text[:_SCAN_CHARS]
+        text = text[:len(text) - _CUT_RE.match(text[::-1]).end()] + "…"
+    text = _strip_internal(_ADDRESS_RE.sub(_hide_address, text))
     if len(text) > REASON_CHARS:
         text = text[:REASON_CHARS - 1] + "…"
     return text
 
 def _hide_address(m) -> str:
     return "" if m.group(0).startswith(" at ") else "0x…"
+
+def _strip_internal(text: str) -> str:
+    """`text` without every `<locals>.` and the run of word characters and dots just before it:
+    what the old `[\\w.]*<locals>\\.` removed, in one pass."""
+    out, start = [], 0
+    k = text.find(_LOCALS)
+    while k >= 0:
+        seg = text[start:k]
+        out.append(seg[:len(seg) - _RUN_RE.match(seg[::-1]).end()])
+        start = k + len(_LOCALS)
+        k = text.find(_LOCALS, start)
+    out.append(text[start:])
+    return "".join(out)
 
 # %% ../nbs/03a_eval_types.ipynb #098ce5eb
 class Status(str, enum.Enum):

@@ -39,7 +39,8 @@ _TOO_DEEP = "not valid Python: nested too deeply (RecursionError)"   # one text,
 def gate_compile(source: str, limits: Limits, names: frozenset | None = None) -> tuple:
     """The py gate: (None, code object) when `source` may run, else (reason, None). One pass over the tree.
     `names`: what a program may read besides the names it binds (default `ALLOWED_NAMES`).
-    A MemoryError propagates: in a worker it is a resource limit, not a verdict on the source."""
+    A MemoryError propagates: in a worker it is a resource limit, not a verdict on the source.
+    A program holds no string value: a string constant may only stand where nothing reads it."""
     if len(source) > limits.max_source_chars:
         return f"source too long: {len(source)} chars > {limits.max_source_chars}", None
     try:
@@ -50,6 +51,7 @@ def gate_compile(source: str, limits: Limits, names: frozenset | None = None) ->
         return f"not valid Python: {type(e).__name__}: {str(e)[:200]}", None
     api = ALLOWED_NAMES if names is None else names
     bound, loads = set(), []                      # names the program binds / reads
+    inert = set()                                 # constants nothing can read: a docstring, an assert message
     for n_nodes, node in enumerate(ast.walk(tree)):
         if n_nodes >= limits.max_nodes:
             return f"program too large: more than {limits.max_nodes} syntax nodes", None
@@ -74,11 +76,16 @@ def gate_compile(source: str, limits: Limits, names: frozenset | None = None) ->
                 return f"assigning to an attribute is not allowed: .{node.attr}", None
             if node.attr not in ALLOWED_ATTRS:
                 return f"attribute not allowed: .{node.attr} (allowed: {', '.join(sorted(ALLOWED_ATTRS))})", None
+        elif t is ast.Expr or t is ast.Assert:
+            inert.add(node.value if t is ast.Expr else node.msg)   # walked before its children
         elif t is ast.Constant:
             v = node.value
             if isinstance(v, str):
                 if len(v) > limits.max_str_chars:
                     return f"string constant too long ({len(v)} chars)", None
+                if node not in inert:
+                    return (f"string value not allowed (line {node.lineno}): a program computes with numbers; "
+                            "text may stand only as a docstring or an assert message"), None
             elif not (v is None or isinstance(v, (bool, int, float))):
                 return f"constant of type {type(v).__name__} not allowed", None
         elif t is ast.FunctionDef:
@@ -89,6 +96,8 @@ def gate_compile(source: str, limits: Limits, names: frozenset | None = None) ->
             if node.decorator_list or node.returns:
                 return "decorators/annotations not allowed", None
             bound.add(node.name)
+        elif t is ast.arguments and node.kwarg is not None:
+            return f"**{node.kwarg.arg} not allowed: its keys would be string values", None
         elif t is ast.arg:
             if node.arg.startswith("_") or node.arg in FORBIDDEN_NAMES:
                 return f"argument name not allowed: {node.arg!r}", None
@@ -147,6 +156,10 @@ _TOKEN_RE = re.compile(r"([A-Za-z])|(" + _NUM + r")|[ \t\r\n,]+|(.)", re.S)
 def _clip(text: str, n: int = 24) -> str:
     "repr of the first `n` characters of `text` (an ellipsis marks the cut)."
     return repr(text[:n]) + ("…" if len(text) > n else "")
+
+def _short(name: str, n: int = 40) -> str:
+    "The first `n` characters of an element or attribute name (an ellipsis marks the cut)."
+    return name[:n] + ("…" if len(name) > n else "")
 
 def _svg_float(token: str, what: str) -> float:
     "One number token -> finite float; SvgRejected when too long, not a plain number, or not finite."
@@ -279,16 +292,17 @@ def parse_svg(source: str, footprint_um=None, limits: Limits | None = None) -> l
     p.AttlistDeclHandler = reject("attribute-list declaration")
     def start(name, attrs):
         if name not in _SVG_ATTRS:
-            raise SvgRejected(f"SVG element <{name}> not allowed (allowed: {', '.join(_SVG_ATTRS)})")
+            raise SvgRejected(f"SVG element <{_short(name)}> not allowed (allowed: {', '.join(_SVG_ATTRS)})")
         bad = set(attrs) - _SVG_ATTRS[name]
         if bad:
-            raise SvgRejected(f"<{name}> attribute(s) not allowed: {sorted(bad)}")
+            raise SvgRejected(f"<{name}> attribute(s) not allowed: {[_short(b) for b in sorted(bad)[:8]]}")
         if (name == "svg") != (not stack):
             raise SvgRejected("exactly one root <svg> element is required")
         if len(elems) > limits.max_shapes:
             raise SvgRejected(f"too many elements (> {limits.max_shapes})")
-        elems.append((name, dict(attrs), [s[1].get("fill") for s in stack]))
-        stack.append((name, attrs))
+        inherited = stack[-1][1] if stack else None        # the nearest ancestor's fill: O(1) at any depth
+        elems.append((name, dict(attrs), inherited))
+        stack.append((name, attrs.get("fill") or inherited))
     p.StartElementHandler = start
     p.EndElementHandler = lambda name: stack.pop()
     p.CharacterDataHandler = lambda d: texts.append(d)
@@ -316,9 +330,9 @@ def parse_svg(source: str, footprint_um=None, limits: Limits | None = None) -> l
             raise SvgRejected(f"viewBox {_clip(root['viewBox'], 60)} does not match the footprint {W:g} x {H:g} um")
     H = footprint_um[1] if footprint_um is not None else (vb[3] if vb else 0.0)
     ops = _SvgOps(limits)
-    for name, a, parent_fills in elems[1:]:
+    for name, a, inherited in elems[1:]:
         if name != "g":
-            fill = (a.get("fill") or next((f for f in reversed(parent_fills) if f), None) or "black").strip().lower()
+            fill = (a.get("fill") or inherited or "black").strip().lower()
             ops.add_element(name, a, fill, H)
     return ops.ops
 

@@ -316,7 +316,7 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lor
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = load_policy(model_dir, thinking=thinking)
     rows = replay_mix(tasks, list(replay_tasks), replay_share, seed)
-    reward_fn = make_reward_fn({t.id: t for t in rows}, policy=reward)   # shaped_v3c | shaped_v3b | raw_iou
+    reward_fn = make_reward_fn({t.id: t for t in rows}, policy=reward)   # shaped_v3d | shaped_v3c | shaped_v3b | raw_iou
     cfg = grpo_config(out_dir, steps, lr=lr, num_generations=num_generations, groups_per_step=groups_per_step,
                       temperature=temperature, max_new_tokens=int(max_new_tokens or policy.max_new_tokens), seed=seed,
                       save_steps=save_steps, scale_rewards=scale_rewards, loss_type=loss_type, beta=beta,

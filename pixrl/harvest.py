@@ -29,7 +29,7 @@ def _num(x):
     return x if x == x and abs(x) != float("inf") else None
 
 def attempt_record(code: str, result: EvalResult, breakdown: dict) -> dict:
-    "One verified program: its code, the evaluator's result fields and the shaped breakdown (`shaped_v3c` by default)."
+    "One verified program: its code, the evaluator's result fields and the shaped breakdown (`shaped_v3d` by default)."
     return {"code": code, "status": _status_name(result.status), "reason": result.reason,
             "iou": _num(result.iou), "dice": _num(result.dice), "chamfer_um": _num(result.chamfer_um),
             "extra_um": _num(result.extra_um), "missing_um": _num(result.missing_um),

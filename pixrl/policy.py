@@ -268,6 +268,9 @@ def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None, t
     """Load pixrl-tiny, a local model directory or an HF id as a `Policy` (see the module docs). `thinking`: the
     operating point of a reasoning model (True/False → `enable_thinking`; None → its template's default)."""
     path = resolve_model(model)
+    if Path(path).is_dir():
+        from pixrl.release import check_release_of
+        check_release_of(path)       # a release's folder: every file as release.json records it, or ValueError
     local_only = os.environ.get("PIXRL_ALLOW_DOWNLOAD") != "1"
     meta = model_meta(path)
     cfg = AutoConfig.from_pretrained(path, local_files_only=local_only)

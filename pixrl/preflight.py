@@ -457,8 +457,8 @@ def control_sample(tasks, n: int = 40, seed: int = 0) -> list:
 
 
 def check_positive_control(tasks, n: int = 40, seed: int = 0) -> Check:
-    """GT programs score >= GT_MIN_REWARD and the rectangle scores the floor (non-degenerate targets) under both shaped
-    policies (`shaped_v3b` and `shaped_v3c`; the worse of the two is reported)."""
+    """GT programs score >= GT_MIN_REWARD and the rectangle scores the floor (non-degenerate targets) under every shaped
+    policy (`SHAPED_POLICIES`; the worst is reported)."""
     sample = control_sample(tasks, n, seed)
     floor = _reward.SHAPED_V3B["floor"]
     pairs = [(t, t.program) for t in sample] + [(t, _reward.rect_baseline_program(t)) for t in sample]

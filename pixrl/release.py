@@ -11,7 +11,8 @@ from .core import git_state
 __all__ = ['ADAPTER_REQUIRED', 'ADAPTER_WEIGHTS', 'PROBE_METRICS', 'AGENT_LOOP_LINES', 'FINISHED', 'sha256_file',
            'weights_digest', 'check_adapter', 'probe_rows', 'load_probe_points', 'model_card', 'make_release',
            'released_stage', 'lineage', 'base_identity', 'chain_rows', 'auto_tokenizer_check', 'campaign_card',
-           'campaign_summary', 'make_campaign_release', 'cli_main']
+           'campaign_summary', 'make_campaign_release', 'verify_release', 'release_root', 'check_release_of',
+           'cli_main']
 
 # %% ../nbs/14_release.ipynb #67e0ff67
 ADAPTER_REQUIRED = ("adapter_config.json",)
@@ -156,8 +157,11 @@ def model_card(name: str, adapter_cfg: dict, bench: dict | None, probe: list[dic
         lines += _probe_lines(probe)
     lines += ["## Serving", "",
               "`pixrl serve` reads this folder's `version.json` (the layout `pixrl.serve.export_adapter` writes): "
-              "on CPU it runs `transformers serve merged/` (a bare adapter cannot be mounted there), on a GPU "
-              "with vLLM it mounts `adapter/` on the base model with `--enable-lora`.", "", "```",
+              "on CPU it serves `merged/` with pixrl's own server (transformers `generate`; a bare adapter is not "
+              "mounted there), on a GPU "
+              "with vLLM it mounts `adapter/` on the base model with `--enable-lora`. It checks every file against "
+              "`release.json` first, and has no authentication: it binds 127.0.0.1 unless `--host` says otherwise.",
+              "", "```",
               "pixrl serve RELEASE_DIR --port 8000          # prints the model name to use in requests",
               f"vllm serve {base} --enable-lora --lora-modules {name}=RELEASE_DIR/adapter   # GPU, by hand", "```", "",
               f"The adapter's base is `{base}` (its `adapter_config.json`); "
@@ -385,7 +389,8 @@ def campaign_card(name: str, s: dict, bench: dict | None, probe: list[dict] | No
     if loop:
         lines += _loop_lines(loop)
     lines += ["## Serving", "",
-              "`merged/` is a full model: `pixrl serve` runs `transformers serve RELEASE_DIR/merged` (CPU), and vLLM "
+              "`merged/` is a full model: `pixrl serve` serves `RELEASE_DIR/merged` (CPU: pixrl's own server, every "
+              "file checked against `release.json` first, no authentication, 127.0.0.1 unless `--host`), and vLLM "
               "serves it directly, without `--enable-lora` (`pixrl serve --backend vllm` mounts adapters, and this "
               "release has none).", "", "```",
               "pixrl serve RELEASE_DIR --backend transformers --port 8000   # prints the model name to use in requests",
@@ -469,6 +474,71 @@ def make_campaign_release(run_dir, out, *, bench=None, loop=None, name=None, ove
                 "released_at_commit": gs}
     return _write_manifest(out, manifest)
 
+# %% ../nbs/14_release.ipynb #a7c1e0f2
+def _recorded_files(root: Path, manifest) -> dict[str, str]:
+    "The `files` record of a release manifest, checked: relative paths inside the release → sha256 hex digests."
+    if not isinstance(manifest, dict) or manifest.get("kind") != "pixrl.release":
+        got = manifest.get("kind") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ValueError(f"release {root}: release.json is not a pixrl.release manifest (kind {got!r})")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ValueError(f"release {root}: release.json records no files (expected a 'files' object: path → sha256)")
+    for rel, sha in files.items():
+        parts = Path(rel).parts
+        if Path(rel).is_absolute() or ".." in parts or "\\" in rel or not parts:
+            raise ValueError(f"release {root}: release.json records {rel!r}; accepted: a relative path inside the release")
+        if not isinstance(sha, str) or len(sha) != 64 or any(ch not in "0123456789abcdef" for ch in sha):
+            raise ValueError(f"release {root}: release.json records {sha!r} for {rel!r}; accepted: a sha256 hex digest")
+    return files
+
+def verify_release(release_dir, loading=()) -> dict:
+    """The manifest of release folder `release_dir` (`release.json`), after checking every file it records against
+    its recorded sha256. ValueError naming the file and both digests (recorded, found) for a changed file; naming
+    the file for a missing one, or for a file it does not record in a folder the release loads from (the folders
+    of its recorded files, and `loading`)."""
+    root = Path(release_dir)
+    try:
+        manifest = json.loads((root / "release.json").read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{str(root)!r} is not a release folder (no release.json)") from None
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"release {root}: release.json is not JSON: {e}") from None
+    files = _recorded_files(root, manifest)
+    for rel, want in sorted(files.items()):
+        f = root / rel
+        if not f.is_file():
+            raise ValueError(f"release {root}: {rel} is missing (release.json records sha256 {want}); restore it "
+                             "or release again")
+        got = sha256_file(f)
+        if got != want:
+            raise ValueError(f"release {root}: {rel} has sha256 {got}, but release.json records {want}: the file "
+                             "changed after release; restore it, or release again")
+    folders = {Path(rel).parts[0] for rel in files if len(Path(rel).parts) > 1} | set(loading)
+    for folder in sorted(folders):
+        for f in sorted((root / folder).rglob("*")):
+            rel = f.relative_to(root).as_posix()
+            if f.is_file() and rel not in files:
+                raise ValueError(f"release {root}: {rel} is not recorded in release.json (added after release); "
+                                 "remove it, or release again")
+    return manifest
+
+def release_root(path) -> Path | None:
+    "The release folder `path` is (it holds `release.json`) or sits in (its parent does); None for neither."
+    p = Path(str(path))
+    for cand in (p, p.parent):
+        if (cand / "release.json").is_file():
+            return cand
+    return None
+
+def check_release_of(path) -> dict | None:
+    """`verify_release` of the release `path` is or sits in (then `path` itself is a folder it loads from); the
+    manifest, or None when `path` belongs to no release (a model folder, an adapter export)."""
+    p = Path(str(path))
+    root = release_root(p)
+    if root is None:
+        return None
+    return verify_release(root, loading=() if root == p else (p.name,))
+
 # %% ../nbs/14_release.ipynb #0490e87c
 def cli_main(argv: list[str] | None = None) -> int:
     "`pixrl release ...` (see the module docstring); returns the exit status."
@@ -482,7 +552,7 @@ def cli_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench", help="benchmark record (runs/<name>/bench.json)")
     ap.add_argument("--probe", help="(--adapter) campaign run folder (state.json + probe_*.json) or one probe result JSON")
     ap.add_argument("--loop", help="agent-loop record (runs/<name>/loop.json)")
-    ap.add_argument("--merged", help="(--adapter) merged model folder for CPU serving (transformers serve)")
+    ap.add_argument("--merged", help="(--adapter) merged model folder for CPU serving (pixrl serve)")
     ap.add_argument("--name", help="release name (default: the adapter folder's name; a campaign: <run dir>-<stage>)")
     ap.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     args = ap.parse_args(argv)

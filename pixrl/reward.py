@@ -10,10 +10,12 @@ from . import evaluator
 from .evaluator import EvalResult, Status, evaluate_many, REPRESENTATIONS
 
 # %% auto #0
-__all__ = ['SHAPED_V3B', 'SHAPED_POLICIES', 'REWARD_POLICIES', 'DEFAULT_REWARD', 'THINK_OPEN', 'THINK_CLOSE', 'RectBaseline',
-           'ink_bbox', 'rect_mask', 'rect_baseline_program', 'rect_baseline', 'shaped_breakdown', 'shaped_v3b',
-           'raw_iou', 'chance_precision', 'ink_precision', 'precision_gate', 'shaped_v3c', 'target_blind_programs',
-           'shifted_result', 'completion_text', 'answer_text', 'extract_program', 'make_reward_fn', 'batch_metrics']
+__all__ = ['SHAPED_V3B', 'AREA_GATE_FULL', 'SHAPED_POLICIES', 'REWARD_POLICIES', 'DEFAULT_REWARD', 'FENCE', 'THINK_OPEN',
+           'THINK_CLOSE', 'RectBaseline', 'ink_bbox', 'rect_mask', 'rect_baseline_program', 'rect_baseline',
+           'shaped_breakdown', 'shaped_v3b', 'raw_iou', 'chance_precision', 'ink_precision', 'precision_gate',
+           'shaped_v3c', 'target_blind_programs', 'mask_result', 'shifted_result', 'area_gate', 'shaped_v3d',
+           'ring_mask', 'area_hack_masks', 'band_variants', 'edit_masks', 'fenced_body', 'completion_text',
+           'answer_text', 'extract_program', 'make_reward_fn', 'batch_metrics']
 
 # %% ../nbs/04_reward.ipynb #fefeeb5a
 SHAPED_V3B = {
@@ -23,9 +25,10 @@ SHAPED_V3B = {
     "w_teacher": 0.40,           # weight of teacher_nb (boundary chamfer)
     "degenerate_iou_rect": 0.95, # iou_rect >= this: the raw branch
 }
-SHAPED_POLICIES = ("shaped_v3c", "shaped_v3b")            # the rectangle-normalised policies
+AREA_GATE_FULL = 0.5                                      # shaped_v3d: the iou_n from which the teacher is paid in full
+SHAPED_POLICIES = ("shaped_v3d", "shaped_v3c", "shaped_v3b")  # the rectangle-normalised policies
 REWARD_POLICIES = (*SHAPED_POLICIES, "raw_iou")             # every policy a campaign can train on
-DEFAULT_REWARD = "shaped_v3c"                              # what campaigns train on and probes score
+DEFAULT_REWARD = "shaped_v3d"                              # what campaigns train on and probes score
 
 # %% ../nbs/04_reward.ipynb #e88503a6
 @dataclass(frozen=True)
@@ -93,9 +96,10 @@ def _normalised(x: float, ref: float) -> float:
 
 def shaped_breakdown(result: EvalResult, baseline: RectBaseline, constants: dict = SHAPED_V3B,
                      policy: str = "shaped_v3b") -> dict:
-    """The terms of a shaped policy (`shaped_v3b` or `shaped_v3c`) for one result: `iou_n, dice_n, teacher_nb,
+    """The terms of a shaped policy (`SHAPED_POLICIES`) for one result: `iou_n, dice_n, teacher_nb,
     teacher_gate, degenerate, executable, reward`. `executable` = the program ran to completion (OK or EMPTY);
-    only OK results earn. Under `shaped_v3b` the gate is 1.0; under `shaped_v3c` it is `precision_gate`."""
+    only OK results earn. The gate is 1.0 under `shaped_v3b`, `precision_gate` under `shaped_v3c`, `area_gate`
+    under `shaped_v3d`."""
     if policy not in SHAPED_POLICIES:
         raise ValueError(f"unknown shaped policy {policy!r}; accepted: {SHAPED_POLICIES}")
     if not isinstance(baseline, RectBaseline):
@@ -108,7 +112,7 @@ def shaped_breakdown(result: EvalResult, baseline: RectBaseline, constants: dict
     if not result.ok:
         return out
     ch = result.chamfer_um
-    if policy == "shaped_v3c" and baseline.degenerate:
+    if policy != "shaped_v3b" and baseline.degenerate:
         chance = chance_precision(baseline)
         iou_n = _normalised(result.iou, chance)                      # the full canvas has IoU = chance
         dice_n = _normalised(result.dice, 2 * chance / (1 + chance))  # ... and Dice = 2·chance/(1 + chance)
@@ -126,11 +130,19 @@ def shaped_breakdown(result: EvalResult, baseline: RectBaseline, constants: dict
         teacher = _clip01(1.0 - ch / baseline.ch_rect)
     else:
         teacher = 1.0 if ch == 0 else 0.0
-    gate = precision_gate(result, baseline) if policy == "shaped_v3c" else 1.0
+    gate = _teacher_gate(result, baseline, iou_n, policy)
     c = constants
     reward = c["floor"] + c["w_iou"] * iou_n + c["w_dice"] * dice_n + c["w_teacher"] * teacher * gate
     out.update(iou_n=iou_n, dice_n=dice_n, teacher_nb=teacher * gate, teacher_gate=gate, reward=reward)
     return out
+
+def _teacher_gate(result: EvalResult, baseline: RectBaseline, iou_n: float, policy: str) -> float:
+    "The factor on the boundary teacher: 1 (shaped_v3b), the precision gate (shaped_v3c), the area gate (shaped_v3d)."
+    if policy == "shaped_v3c":
+        return precision_gate(result, baseline)
+    if policy == "shaped_v3d":
+        return area_gate(iou_n)
+    return 1.0
 
 def shaped_v3b(result: EvalResult, baseline: RectBaseline) -> float:
     "The shaped_v3b reward of one evaluated candidate (the seed's reward, pinned; see `shaped_breakdown`)."
@@ -224,17 +236,107 @@ def target_blind_programs(library: list[str] = ()) -> dict[str, str]:
 
 
 # %% ../nbs/04_reward.ipynb #1190f254
+def mask_result(task, mask: np.ndarray) -> EvalResult:
+    "The evaluation of a calibration-grid `mask` against `task` (what a program rendering exactly `mask` gets)."
+    m = np.asarray(mask, bool)
+    if m.shape != np.shape(task.target_mask):
+        raise ValueError(f"mask_result: mask of shape {m.shape}; accepted: the calibration shape {np.shape(task.target_mask)}")
+    if not m.any():
+        return EvalResult(Status.EMPTY, n_shapes=1, reason="the mask has no ink", mask=m)
+    met = evaluator.mask_metrics(m, evaluator.cached_target_side(task), evaluator.mean_axis_scale(task.footprint_um, m.shape))
+    return EvalResult(Status.OK, met["iou"], met["dice"], met["chamfer_um"], met["extra_um"], met["missing_um"], 1, mask=m)
+
 def shifted_result(task, d: int) -> EvalResult:
     "The evaluation of the task's own mask moved d pixels right (what a right-shifted ground truth renders)."
     m = np.zeros_like(task.target_mask)
     m[:, d:] = task.target_mask[:, : m.shape[1] - d]
-    met = evaluator.mask_metrics(m, evaluator.cached_target_side(task),
-                                 evaluator.mean_axis_scale(task.footprint_um, m.shape))
-    return EvalResult(Status.OK, met["iou"], met["dice"], met["chamfer_um"], met["extra_um"], met["missing_um"], 1, mask=m)
+    return mask_result(task, m)
+
+
+# %% ../nbs/04_reward.ipynb #24824f9e
+def area_gate(iou_n: float, full: float = AREA_GATE_FULL) -> float:
+    "shaped_v3d's teacher gate: min(1, iou_n/full) — boundary credit in proportion to the area won over the rectangle."
+    if not 0.0 < full <= 1.0:
+        raise ValueError(f"area_gate: full={full!r}; accepted: a number in (0, 1]")
+    return min(1.0, max(0.0, iou_n) / full)
+
+def shaped_v3d(result: EvalResult, baseline: RectBaseline) -> float:
+    "The shaped_v3d reward (the default): shaped_v3b with the boundary teacher gated by the area won (see above)."
+    return shaped_breakdown(result, baseline, policy="shaped_v3d")["reward"]
+
+
+# %% ../nbs/04_reward.ipynb #59ad86e6
+from scipy import ndimage as _ndi
+
+def ring_mask(mask: np.ndarray, width: int = 1) -> np.ndarray:
+    "The inner ring of `mask`: its pixels within `width` pixels of its outside (bool, same shape)."
+    m = np.asarray(mask, bool)
+    return m & ~_ndi.binary_erosion(m, iterations=width)
+
+def area_hack_masks(task, copy_mask: np.ndarray) -> dict[str, np.ndarray]:
+    "{name: mask} of the outline class (see above), from `task`'s target and the render of its band copy."
+    t = np.asarray(task.target_mask, bool)
+    c = np.asarray(copy_mask, bool)
+    rows, cols = np.indices(t.shape)                          # (H, W) each
+    depth = _ndi.distance_transform_edt(t)                    # (H, W): distance to the target's outside
+    r0, c0 = np.argwhere(depth == depth.max())[0]
+    dot = np.zeros_like(t)
+    dot[r0, c0] = True
+    blob = np.zeros_like(t)
+    blob[max(0, r0 - 2):r0 + 3, max(0, c0 - 2):c0 + 3] = True
+    out = {f"ring inside target {k} px": ring_mask(t, k) for k in (1, 2, 3)}
+    out.update({f"ring inside copy {k} px": ring_mask(c, k) for k in (1, 2, 3)})
+    out["dotted edge"] = ring_mask(t) & ((rows + cols) % 2 == 0)
+    out["dashed edge"] = ring_mask(t) & ((rows + cols) % 4 < 2)
+    out["skeleton"] = t & (depth >= _ndi.maximum_filter(depth, size=3))
+    out["ring outside target"] = _ndi.binary_dilation(t) & ~t
+    out["dot"] = dot
+    out["5x5 blob"] = blob & t
+    return out
+
+_COPY_RECT = "rect(x*sx, y*sy, w*sx, h*sy)"                    # the band helper's one drawing call
+
+def band_variants(copy_program: str, px_um: float) -> dict[str, str]:
+    "{name: program}: the band copy with its helper drawing a hollow `px_um`-wide frame per run, or quarter-cell slits."
+    if copy_program.count(_COPY_RECT) != 1:
+        raise ValueError(f"band_variants: the program must hold the band helper's {_COPY_RECT!r} once; got {copy_program[:80]!r}")
+    pad = "\n        "
+    frame = pad.join([f"rect(x*sx, y*sy, w*sx, {px_um!r})", f"rect(x*sx, (y+h)*sy - {px_um!r}, w*sx, {px_um!r})",
+                      f"rect(x*sx, y*sy, {px_um!r}, h*sy)", f"rect((x+w)*sx - {px_um!r}, y*sy, {px_um!r}, h*sy)"])
+    slit = "rect((x + 0.25)*sx, (y + 0.25)*sy, (w - 0.5)*sx, (h - 0.5)*sy)"
+    return {"frame per run": copy_program.replace(_COPY_RECT, frame), "slits 1/4 cell": copy_program.replace(_COPY_RECT, slit)}
+
+def edit_masks(mask: np.ndarray) -> dict[str, np.ndarray]:
+    "{name: mask}: edits of a render that lose area — erosion and dilation by 1–3 px, a 1-px shift, its top rows dropped."
+    m = np.asarray(mask, bool)
+    out = {}
+    for k in (1, 2, 3):
+        out[f"erode {k} px"] = _ndi.binary_erosion(m, iterations=k)
+        out[f"dilate {k} px"] = _ndi.binary_dilation(m, iterations=k)
+    shifted = np.zeros_like(m)
+    shifted[:, 1:] = m[:, :-1]
+    out["shift 1 px"] = shifted
+    ink_rows = np.flatnonzero(m.any(1))
+    dropped = m.copy()
+    dropped[ink_rows[:max(1, ink_rows.size // 8)]] = False
+    out["top eighth of rows dropped"] = dropped
+    return out
 
 
 # %% ../nbs/04_reward.ipynb #15071290
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+FENCE = "```"
+
+def fenced_body(text: str) -> str | None:
+    """The body of the first fenced block of `text`: from the line after the first fence that has a line break
+    after it, up to the next fence (or the end: a truncated block). None if there is none. Linear in len(text)."""
+    start = text.find(FENCE)
+    if start < 0:
+        return None
+    head_end = text.find("\n", start + len(FENCE))
+    if head_end < 0:
+        return None
+    end = text.find(FENCE, head_end + 1)
+    return text[head_end + 1:] if end < 0 else text[head_end + 1:end]
 
 def completion_text(completion) -> str:
     "Text of a completion: a str, or TRL's conversational form (a list of messages; assistant content joined)."
@@ -269,8 +371,8 @@ def extract_program(completion) -> str:
     """The program in a completion's answer (`answer_text`): the body of the first fenced code block (an unclosed
     fence runs to the end, as in a truncated completion), else the whole text, stripped."""
     text = answer_text(completion_text(completion))
-    m = _FENCE.search(text)
-    body = textwrap.dedent(m.group(2) if m else text).strip("\n").rstrip()
+    fenced = fenced_body(text)
+    body = textwrap.dedent(text if fenced is None else fenced).strip("\n").rstrip()
     return body + "\n" if body.strip() else ""
 
 # %% ../nbs/04_reward.ipynb #a2cfef3b
@@ -311,6 +413,7 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
                 log(name, value)
             log("pix/reward_v3b", float(np.mean([b["reward"] for b in bds["shaped_v3b"]])))
             log("pix/reward_v3c", float(np.mean([b["reward"] for b in bds["shaped_v3c"]])))
+            log("pix/reward_v3d", float(np.mean([b["reward"] for b in bds["shaped_v3d"]])))
         extra = kwargs.get("log_extra")          # per-completion columns in TRL's completions table
         if callable(extra) and results:
             extra("pix_status", [Status(r.status).value for r in results])

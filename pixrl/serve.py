@@ -2,14 +2,18 @@
 
 # %% ../nbs/40_serve.ipynb #8f203d2a
 from __future__ import annotations
-import argparse, copy, datetime, json, os, shutil, signal, socket, subprocess, sys, time, urllib.request, urllib.error
+import argparse, copy, datetime, json, math, os, shutil, signal, socket, subprocess, sys, threading, time, uuid
+import urllib.request, urllib.error
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['export_adapter', 'load_version', 'free_port', 'server_command', 'ServerHandle', 'start_server', 'complete',
-           'completion_text', 'cli_main']
+__all__ = ['SERVE_MAX_TIME', 'SERVE_CONCURRENCY', 'SERVE_MAX_N', 'MAX_BODY_BYTES', 'REFUSED_FIELDS', 'export_adapter',
+           'load_version', 'RequestError', 'context_length', 'completion_params', 'ModelServer', 'make_http_server',
+           'serve_model', 'model_server_main', 'free_port', 'server_command', 'ServerHandle', 'start_server',
+           'complete', 'completion_text', 'cli_main']
 
 # %% ../nbs/40_serve.ipynb #d9e0316f
 def _versions() -> dict:
@@ -52,11 +56,302 @@ def export_adapter(model, tokenizer, out_dir, *, train_config: dict, data_digest
     return out
 
 def load_version(export_dir) -> dict:
-    "The `version.json` of an export directory (ValueError when it is not one)."
+    """The `version.json` of an export directory (ValueError when it is not one). A `pixrl release` folder (it has a
+    `release.json`) is verified first: every file as recorded (`pixrl.release.verify_release`), or ValueError."""
     p = Path(export_dir) / "version.json"
     if not p.exists():
         raise ValueError(f"{export_dir} is not a pixrl adapter export (no version.json); export with export_adapter")
+    if (Path(export_dir) / "release.json").exists():
+        from pixrl.release import verify_release
+        verify_release(export_dir)
     return json.loads(p.read_text())
+
+# %% ../nbs/40_serve.ipynb #5e7a0c11
+SERVE_MAX_TIME = 60.0       # s: the default deadline of one request, its wait for a generation slot included
+SERVE_CONCURRENCY = 2       # generations at once (`pixrl serve --concurrency`); the others wait within their deadline
+SERVE_MAX_N = 8             # completions one request may ask for (`n`)
+MAX_BODY_BYTES = 1 << 20    # a request body larger than this is refused (HTTP 413)
+REFUSED_FIELDS = ("stream", "echo", "logprobs", "suffix")   # OpenAI fields this server does not implement (400 when set)
+
+class RequestError(ValueError):
+    "A request the server refuses: its HTTP `status` and a message naming the value and what is accepted."
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+def _short(v, n: int = 80) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[:n] + "…"
+
+def context_length(config) -> int | None:
+    "The positions a model attends to: `max_position_embeddings` of its config (a VLM: of its text config)."
+    for c in (config, getattr(config, "text_config", None)):
+        v = getattr(c, "max_position_embeddings", None)
+        if _is_int(v) and v > 0:
+            return v
+    return None
+
+def completion_params(body: dict, prompt_tokens: int, context: int, default_max_tokens: int = 16) -> dict:
+    """The checked generation parameters of request `body` (its prompt `prompt_tokens` long, for a model attending to
+    `context` positions): {max_tokens, temperature, top_p, n, seed, stop}. `RequestError` (400) naming the value and
+    what is accepted: `max_tokens` (or `max_completion_tokens`) an integer from 1 to the budget `context −
+    prompt_tokens` (omitted: `default_max_tokens`, within the budget); `temperature` a finite number ≥ 0 (omitted:
+    1); `top_p` in (0, 1]; `n` 1 to SERVE_MAX_N; `seed` an integer; `stop` a string or up to 4; none of REFUSED_FIELDS."""
+    budget = context - prompt_tokens
+    if prompt_tokens < 1:
+        raise RequestError(400, "the prompt is empty; accepted: a prompt of at least one token")
+    if budget < 1:
+        raise RequestError(400, f"the prompt is {prompt_tokens} tokens and this model attends to {context} positions: "
+                                "no token can follow it; accepted: a shorter prompt")
+    for k in REFUSED_FIELDS:
+        if body.get(k) not in (None, False):
+            raise RequestError(400, f"{k} {_short(body[k])}: not supported by this server; accepted: {k} omitted or false")
+    key = "max_tokens" if body.get("max_tokens") is not None else "max_completion_tokens"
+    mt = body.get(key)
+    if mt is None:
+        mt = min(default_max_tokens, budget)
+    elif not _is_int(mt) or mt < 1:
+        raise RequestError(400, f"{key} {_short(mt)}; accepted: an integer from 1 to {budget} (this model's budget: "
+                                f"context {context} − prompt {prompt_tokens} tokens)")
+    elif mt > budget:
+        raise RequestError(400, f"{key} {mt} exceeds this model's budget of {budget} tokens (context {context} − "
+                                f"prompt {prompt_tokens} tokens); accepted: an integer from 1 to {budget}")
+    temperature = body.get("temperature")
+    temperature = 1.0 if temperature is None else temperature
+    if not _is_num(temperature) or temperature < 0:
+        raise RequestError(400, f"temperature {_short(temperature)}; accepted: a finite number ≥ 0 (0: greedy)")
+    top_p = body.get("top_p")
+    top_p = 1.0 if top_p is None else top_p
+    if not _is_num(top_p) or not 0 < top_p <= 1:
+        raise RequestError(400, f"top_p {_short(top_p)}; accepted: a number in (0, 1]")
+    n = body.get("n")
+    n = 1 if n is None else n
+    if not _is_int(n) or not 1 <= n <= SERVE_MAX_N:
+        raise RequestError(400, f"n {_short(n)}; accepted: an integer from 1 to {SERVE_MAX_N}")
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise RequestError(400, f"seed {_short(seed)}; accepted: an integer")
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else stop
+    if stop is not None and (not isinstance(stop, list) or not 1 <= len(stop) <= 4
+                             or not all(isinstance(s, str) and s for s in stop)):
+        raise RequestError(400, f"stop {_short(body.get('stop'))}; accepted: a non-empty string or a list of 1 to 4")
+    return dict(max_tokens=mt, temperature=float(temperature), top_p=float(top_p), n=n, seed=seed, stop=stop or [])
+
+# %% ../nbs/40_serve.ipynb #5e7a0c13
+def _error_body(status: int, message: str) -> dict:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+class ModelServer:
+    """The model in folder `model_dir` (a causal LM, e.g. a release's `merged/`) behind OpenAI-compatible routes:
+    GET /health, GET /v1/models, POST /v1/completions and /v1/chat/completions (`handle`). Each request is checked
+    (`completion_params`) and answers within `max_time` seconds, its wait for one of `concurrency` generation slots
+    included; a folder of a `pixrl release` is checked against its `release.json` first."""
+    def __init__(self, model_dir, name: str | None = None, max_time: float = SERVE_MAX_TIME,
+                 concurrency: int = SERVE_CONCURRENCY):
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from pixrl.policy import load_tokenizer, stop_ids
+        from pixrl.release import check_release_of
+        if not _is_num(max_time) or max_time <= 0:
+            raise ValueError(f"max_time {max_time!r}; accepted: a number of seconds > 0")
+        if not _is_int(concurrency) or concurrency < 1:
+            raise ValueError(f"concurrency {concurrency!r}; accepted: an integer ≥ 1")
+        d = Path(model_dir)
+        if not (d / "config.json").is_file():
+            raise ValueError(f"{str(d)!r} has no config.json; accepted: a model folder (a release's or an export's merged/)")
+        check_release_of(d)
+        cfg = AutoConfig.from_pretrained(d, local_files_only=True)
+        if getattr(cfg, "vision_config", None) is not None:
+            from transformers import AutoModelForImageTextToText as auto_model   # served on text prompts
+        else:
+            auto_model = AutoModelForCausalLM
+        self.tokenizer = load_tokenizer(d)
+        self.model = auto_model.from_pretrained(d, dtype=torch.float32, local_files_only=True).eval()
+        self.context = context_length(self.model.config)
+        if self.context is None:
+            raise ValueError(f"{str(d)!r}: its config records no max_position_embeddings, so no token budget")
+        self.stop = stop_ids(self.tokenizer, self.model)
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (self.stop or [0])[0]
+        gmax = getattr(self.model.generation_config, "max_new_tokens", None)
+        self.default_max_tokens = gmax if _is_int(gmax) and gmax > 0 else 16
+        self.name = name or str(d)
+        self.max_time, self.concurrency = float(max_time), concurrency
+        self._slots = threading.BoundedSemaphore(concurrency)
+        self._tok_lock = threading.Lock()     # one tokenizer call at a time (a fast tokenizer is not re-entrant)
+
+    def handle(self, method: str, path: str, body: bytes | None = None, started: float | None = None) -> tuple[int, dict]:
+        "(HTTP status, JSON body) of one request; `RequestError` for one that is refused."
+        started = time.monotonic() if started is None else started
+        route = path.split("?", 1)[0].rstrip("/") or "/"
+        if method == "GET" and route == "/health":
+            return 200, {"status": "ok"}
+        if method == "GET" and route == "/v1/models":
+            return 200, {"object": "list", "data": [{"id": self.name, "object": "model", "owned_by": "pixrl"}]}
+        if method != "POST" or route not in ("/v1/completions", "/v1/chat/completions"):
+            raise RequestError(404, f"no route {method} {route}; accepted: GET /health, GET /v1/models, "
+                                    "POST /v1/completions, POST /v1/chat/completions")
+        try:
+            req = json.loads(body or b"")
+        except (ValueError, RecursionError) as e:
+            raise RequestError(400, f"the request body is not JSON ({str(e)[:100]}); accepted: a JSON object") from None
+        if not isinstance(req, dict):
+            raise RequestError(400, f"the request body is a JSON {type(req).__name__}; accepted: a JSON object")
+        return 200, self.complete(req, chat=route.endswith("chat/completions"), started=started)
+
+    def _prompt(self, req: dict, chat: bool) -> str:
+        if not chat:
+            prompt = req.get("prompt")
+            if not isinstance(prompt, str) or not prompt:
+                raise RequestError(400, f"prompt {_short(prompt)}; accepted: a non-empty string")
+            return prompt
+        msgs = req.get("messages")
+        if (not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                              and isinstance(m.get("content"), str) for m in msgs)):
+            raise RequestError(400, f"messages {_short(msgs)}; accepted: a non-empty list of "
+                                    "{\"role\": str, \"content\": str}")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RequestError(400, f"{self.name} has no chat template; accepted: POST /v1/completions with a prompt")
+        with self._tok_lock:
+            return self.tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in msgs],
+                                                      tokenize=False, add_generation_prompt=True)
+
+    def complete(self, req: dict, chat: bool = False, started: float | None = None) -> dict:
+        "The response body of a (chat) completion request `req`, generated by `started + max_time` at the latest."
+        import torch
+        deadline = (time.monotonic() if started is None else started) + self.max_time
+        if req.get("model") is not None and req["model"] != self.name:
+            raise RequestError(404, f"model {_short(req['model'])} is not served here; accepted: {self.name!r}")
+        text = self._prompt(req, chat)
+        with self._tok_lock:
+            ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=not chat)["input_ids"]   # (1, T)
+        p = completion_params(req, ids.shape[1], self.context, self.default_max_tokens)
+        if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise RequestError(503, f"busy: no generation slot freed within this request's deadline of "
+                                    f"{self.max_time:g} s ({self.concurrency} at a time); retry later")
+        try:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RequestError(503, f"busy: this request's deadline of {self.max_time:g} s passed while it waited")
+            greedy = p["temperature"] == 0
+            if p["seed"] is not None:
+                torch.manual_seed(p["seed"])
+            kw = (dict(do_sample=False, temperature=None, top_p=None, top_k=None) if greedy else
+                  dict(do_sample=True, temperature=p["temperature"], top_p=p["top_p"], top_k=0, num_return_sequences=p["n"]))
+            with torch.no_grad():
+                out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=p["max_tokens"],
+                                          max_time=left, pad_token_id=self.pad, eos_token_id=self.stop, **kw)
+        finally:
+            self._slots.release()
+        rows = out[:, ids.shape[1]:].tolist() * (p["n"] if greedy else 1)     # greedy: n identical completions
+        choices, n_tokens = [], 0
+        for i, row in enumerate(rows):
+            end = next((k for k, t in enumerate(row) if t in self.stop), None)
+            row = row if end is None else row[:end + 1]
+            n_tokens += len(row)
+            with self._tok_lock:
+                out_text = self.tokenizer.decode(row, skip_special_tokens=True)
+            cut = [out_text.find(s) for s in p["stop"] if s in out_text]
+            if cut:
+                out_text, reason, why = out_text[:min(cut)], "stop", "stop"
+            elif end is not None:
+                reason, why = "stop", "eos"
+            else:
+                reason, why = "length", "max_tokens" if len(row) >= p["max_tokens"] else "max_time"
+            choice = {"index": i, "finish_reason": reason, "stopped_by": why}
+            choice.update({"message": {"role": "assistant", "content": out_text}} if chat else {"text": out_text, "logprobs": None})
+            choices.append(choice)
+        return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+                "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                "model": self.name, "choices": choices,
+                "usage": {"prompt_tokens": ids.shape[1], "completion_tokens": n_tokens,
+                          "total_tokens": ids.shape[1] + n_tokens}}
+
+def make_http_server(server: ModelServer, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
+    """A threaded HTTP server for `server` on `host:port` (0: a free port; `.server_port` says which), one thread
+    per connection; not started (`serve_forever`). No authentication: bind loopback unless others should use it."""
+    class Handler(BaseHTTPRequestHandler):
+        timeout = 30                            # s a client may take to send its request
+
+        def log_message(self, fmt, *args):
+            sys.stderr.write(f"{self.address_string()} {fmt % args}\n")
+
+        def _reply(self, method: str):
+            started = time.monotonic()
+            try:
+                body = None
+                if method == "POST":
+                    n = self.headers.get("Content-Length")
+                    if n is None or not n.strip().isdigit():
+                        raise RequestError(411, f"Content-Length {n!r}; accepted: a POST with a Content-Length header")
+                    if int(n) > MAX_BODY_BYTES:
+                        raise RequestError(413, f"a request body of {int(n)} bytes; accepted: at most {MAX_BODY_BYTES}")
+                    body = self.rfile.read(int(n))
+                status, payload = server.handle(method, self.path, body, started)
+            except RequestError as e:
+                status, payload = e.status, _error_body(e.status, str(e))
+            except Exception as e:                                   # a failure of the model: 500, the server stays up
+                status, payload = 500, _error_body(500, f"{type(e).__name__}: {str(e)[:300]}")
+            data = json.dumps(payload).encode()
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                if status == 503:
+                    self.send_header("Retry-After", "1")
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass                                                 # the client left
+
+        def do_GET(self):
+            self._reply("GET")
+
+        def do_POST(self):
+            self._reply("POST")
+
+    httpd = ThreadingHTTPServer((host, port), Handler)
+    httpd.daemon_threads = True
+    return httpd
+
+def serve_model(model_dir, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
+                max_time: float = SERVE_MAX_TIME, concurrency: int = SERVE_CONCURRENCY) -> None:
+    "Serve `model_dir` on `host:port` in the foreground (`ModelServer` + `make_http_server`) until interrupted."
+    server = ModelServer(model_dir, name, max_time, concurrency)
+    httpd = make_http_server(server, host, port)
+    print(f"pixrl serve: {server.name} on http://{host}:{httpd.server_port} (max_time {server.max_time:g} s, "
+          f"concurrency {concurrency}, budget {server.context} positions); no authentication"
+          + ("" if host in ("127.0.0.1", "localhost", "::1") else f": anyone who reaches {host} can use it"), flush=True)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+
+def model_server_main(argv=None) -> int:
+    "`python -m pixrl.serve MODEL_DIR [--host] [--port] [--name] [--max-time] [--concurrency]` (what `pixrl serve` runs)."
+    ap = argparse.ArgumentParser(prog="python -m pixrl.serve", description="pixrl's OpenAI-compatible server for one model folder")
+    ap.add_argument("model_dir", help="a model folder (config.json + weights + tokenizer), e.g. RELEASE_DIR/merged")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; the server has no authentication)")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--name", help="the model name requests give (default: the folder's path)")
+    ap.add_argument("--max-time", type=float, default=SERVE_MAX_TIME, help="seconds one request may take, waiting included")
+    ap.add_argument("--concurrency", type=int, default=SERVE_CONCURRENCY, help="generations at once")
+    a = ap.parse_args(argv)
+    try:
+        serve_model(a.model_dir, a.host, a.port, a.name, a.max_time, a.concurrency)
+    except ValueError as e:
+        print(f"pixrl serve: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 # %% ../nbs/40_serve.ipynb #fd609d3a
 def free_port(host: str = "127.0.0.1") -> int:
@@ -72,9 +367,16 @@ def _exe(name: str) -> str:
         raise FileNotFoundError(f"`{name}` executable not found next to {sys.executable} or on PATH")
     return found
 
-def server_command(export_dir, backend: str = "auto", host: str = "127.0.0.1", port: int = 8000) -> tuple[list[str], str]:
-    """(argv, model name to put in requests) for serving an export. `backend`: "transformers" (CPU; serves
-    `merged/`), "vllm" (GPU; base model + `--enable-lora` with the adapter), "auto" (vllm when CUDA + vllm exist)."""
+def server_command(export_dir, backend: str = "auto", host: str = "127.0.0.1", port: int = 8000,
+                   max_time: float = SERVE_MAX_TIME, concurrency: int = SERVE_CONCURRENCY) -> tuple[list[str], str]:
+    """(argv, model name to put in requests) for serving an export. `backend`: "transformers" (CPU; pixrl's server,
+    `python -m pixrl.serve`, on `merged/`: every request checked and answered within `max_time` s, `concurrency`
+    generations at once), "vllm" (GPU; base model + `--enable-lora` with the adapter), "auto" (vllm when CUDA + vllm
+    exist). Binds `host` (loopback by default; neither server has authentication)."""
+    if not _is_num(max_time) or max_time <= 0:
+        raise ValueError(f"max_time {max_time!r}; accepted: a number of seconds > 0")
+    if not _is_int(concurrency) or concurrency < 1:
+        raise ValueError(f"concurrency {concurrency!r}; accepted: an integer ≥ 1")
     v = load_version(export_dir)
     root = Path(export_dir)
     if backend == "auto":
@@ -82,8 +384,9 @@ def server_command(export_dir, backend: str = "auto", host: str = "127.0.0.1", p
     if backend == "transformers":
         merged = root / "merged"
         if not (merged / "config.json").exists():
-            raise ValueError(f"{export_dir} has no merged/ model; transformers serve cannot mount a bare adapter")
-        return [_exe("transformers"), "serve", str(merged), "--device", "cpu", "--host", host, "--port", str(port)], str(merged)
+            raise ValueError(f"{export_dir} has no merged/ model; the CPU server serves a whole model, not a bare adapter")
+        return [sys.executable, "-m", "pixrl.serve", str(merged), "--host", host, "--port", str(port),
+                "--max-time", str(max_time), "--concurrency", str(concurrency)], str(merged)
     if backend == "vllm":
         name = "pixrl-mem"
         return [_exe("vllm"), "serve", v["base_model"], "--enable-lora", "--lora-modules", f"{name}={root / 'adapter'}",
@@ -114,11 +417,13 @@ def _get(url: str, timeout: float = 2.0) -> int:
 
 @contextmanager
 def start_server(export_dir, backend: str = "auto", host: str = "127.0.0.1", port: int | None = None,
-                 startup_timeout: float = 180.0, log_path=None):
-    """Start the server for an export on `host:port` (a free port by default); wait (≤ `startup_timeout` s) for
-    GET /health (or /v1/models) = 200; yield a `ServerHandle`. The server's whole process group is killed on exit."""
+                 startup_timeout: float = 180.0, log_path=None, max_time: float = SERVE_MAX_TIME,
+                 concurrency: int = SERVE_CONCURRENCY):
+    """Start the server for an export on `host:port` (a free port by default; `max_time`, `concurrency` as in
+    `server_command`); wait (≤ `startup_timeout` s) for GET /health (or /v1/models) = 200; yield a `ServerHandle`.
+    The server's whole process group is killed on exit."""
     port = port or free_port(host)
-    argv, model = server_command(export_dir, backend, host, port)
+    argv, model = server_command(export_dir, backend, host, port, max_time, concurrency)
     log_path = Path(log_path) if log_path else Path(export_dir) / "server.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -174,17 +479,21 @@ def completion_text(body: dict) -> str:
 
 # %% ../nbs/40_serve.ipynb #299b78a9
 def cli_main(argv=None) -> int:
-    """`pixrl serve EXPORT_DIR [--backend auto|transformers|vllm] [--host 127.0.0.1] [--port 8000] [--print-command]`:
-    run the OpenAI-compatible server for an adapter export in the foreground; returns its exit code."""
+    """`pixrl serve EXPORT_DIR [--backend auto|transformers|vllm] [--host 127.0.0.1] [--port 8000] [--max-time 60]
+    [--concurrency 2] [--print-command]`: run the OpenAI-compatible server for an adapter export or a release in the
+    foreground (no authentication; loopback unless `--host`); returns its exit code."""
     ap = argparse.ArgumentParser(prog="pixrl serve", description="Serve a pixrl adapter export (OpenAI-compatible).")
     ap.add_argument("export_dir", help="directory written by pixrl.serve.export_adapter (has version.json)")
     ap.add_argument("--backend", default="auto", choices=("auto", "transformers", "vllm"))
-    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; no authentication)")
     ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--max-time", type=float, default=SERVE_MAX_TIME,
+                    help="(transformers) seconds one request may take, its wait for a generation slot included")
+    ap.add_argument("--concurrency", type=int, default=SERVE_CONCURRENCY, help="(transformers) generations at once")
     ap.add_argument("--print-command", action="store_true", help="print the server command and exit")
     a = ap.parse_args(argv)
     try:
-        cmd, model = server_command(a.export_dir, a.backend, a.host, a.port)
+        cmd, model = server_command(a.export_dir, a.backend, a.host, a.port, a.max_time, a.concurrency)
     except (ValueError, FileNotFoundError) as e:
         print(f"pixrl serve: {e}", file=sys.stderr)
         return 2
@@ -193,3 +502,6 @@ def cli_main(argv=None) -> int:
     if a.print_command:
         return 0
     return subprocess.call(cmd)
+
+if __name__ == "__main__" and "__file__" in globals():   # `python -m pixrl.serve MODEL_DIR` (what `pixrl serve` runs); never in a kernel
+    sys.exit(model_server_main())

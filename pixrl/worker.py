@@ -2,7 +2,7 @@
 
 # %% ../nbs/03c_worker.ipynb #3c000003
 from __future__ import annotations
-import ctypes, gc, itertools, math, os, resource, signal, struct, sys
+import ctypes, gc, math, os, resource, signal, struct, sys
 import numpy as np
 from . import geometry
 from .eval_types import REASON_CHARS, Limits, Status, clean_reason
@@ -98,7 +98,7 @@ class _DrawBudget:
             raise _ShapeCap(f"more than {self.limits.max_shapes} drawing calls (cut() included)")
 
     def bounded_points(self, args: tuple, kwargs: dict) -> tuple:
-        "(args, kwargs) with the points argument materialised, at most one vertex past the budget."
+        "(args, kwargs) with the points argument materialised, its vertices reserved (see `bounded`)."
         if args:
             return (self.bounded(args[0]), *args[1:]), kwargs
         if "points" in kwargs:
@@ -106,21 +106,30 @@ class _DrawBudget:
         return args, kwargs
 
     def bounded(self, points):
-        room = self.limits.max_points - self.vertices
-        if not isinstance(points, (list, tuple)):
-            try:
-                it = iter(points)
-            except TypeError:
-                return points                     # not iterable: geometry names the error
-            points = list(itertools.islice(it, room + 1))
-        if len(points) > room:
+        """`points` as a list or tuple, every vertex reserved against `max_points` as it is read and
+        before anything is drawn: a polygon drawn while another's points are still being read (a
+        generator that itself calls `polygon`) sees only the room the outer one has left."""
+        if isinstance(points, (list, tuple)):
+            self.reserve(len(points))
+            return points
+        try:
+            it = iter(points)
+        except TypeError:
+            return points                     # not iterable: geometry names the error
+        out = []
+        for p in it:                          # may run program code, which may draw
+            self.reserve(1)
+            out.append(p)
+        return out
+
+    def reserve(self, n: int):
+        "Count `n` more vertices; `_ShapeCap` once the total passes `max_points`."
+        self.vertices += n
+        if self.vertices > self.limits.max_points:
             raise _ShapeCap(f"more than {self.limits.max_points} vertices")
-        return points
 
     def check_drawn(self, name: str, shape):
-        "Count the vertices of the geometry built and check its every number against the bound."
-        if name in ("polygon", "path"):
-            self.vertices += len(shape.args[0])
+        "Check every number of the geometry built against the bound (its vertices were reserved)."
         bad = out_of_bound(shape.args, self.limits.coord_bound_um)
         if bad is not None:
             raise _BadCoordinate(f"{name}(): {bad:g} is outside ±{self.limits.coord_bound_um:g} um")

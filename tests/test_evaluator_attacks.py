@@ -67,18 +67,19 @@ ATTACKS = [
     ("too-long", "x = 1\n" * 5000, {"SOURCE_REJECTED"}),
     ("deep-nesting", "x = " + "(" * 500 + "1" + ")" * 500, {"SOURCE_REJECTED"}),
     ("memory-bomb-list", "x = [0] * 10**10", {"RESOURCE_LIMIT"}),
-    ("memory-bomb-str", "s = 'ab' * 10**10", {"RESOURCE_LIMIT"}),
+    ("memory-bomb-str", "s = 'ab' * 10**10", {"SOURCE_REJECTED"}),        # round 3: a program holds no string
+    ("memory-bomb-tuple", "x = (0, 1) * 10**10", {"RESOURCE_LIMIT"}),
     ("memory-bomb-grow", "x = [0]\nwhile True:\n    x = x + x", {"RESOURCE_LIMIT", "TIMEOUT"}),
     ("bigint-cpu", "x = 10 ** 10 ** 9", {"TIMEOUT", "RESOURCE_LIMIT"}),
     ("infinite-loop", "while True:\n    pass", {"TIMEOUT"}),
     ("deep-recursion", "def f(n):\n    return f(n + 1)\nf(0)", {"RESOURCE_LIMIT"}),
     ("million-shapes", "for i in range(10**7):\n    rect(0, 0, 1, 1)", {"RESOURCE_LIMIT"}),
     ("million-vertices", "polygon([(1, 2), (3, 4), (5, 1)] * 10**6)", {"RESOURCE_LIMIT"}),
-    ("nan-coordinate", "rect(0, 0, float('nan'), 10)", {"RUNTIME_ERROR"}),
+    ("nan-coordinate", "rect(0, 0, 1e308 * 10 - 1e308 * 10, 10)", {"RUNTIME_ERROR"}),   # inf - inf
     ("inf-coordinate", "circle(50, 40, 1e308 * 10)", {"RUNTIME_ERROR"}),
     ("1e300-coordinate", "rect(1e300, 0, 10, 10)", {"RUNTIME_ERROR"}),
     ("huge-int-coordinate", "rect(10**400, 0, 10, 10)", {"RUNTIME_ERROR"}),
-    ("type-confusion", "rect('a', 0, 1, 1)", {"RUNTIME_ERROR"}),
+    ("type-confusion", "rect([1], 0, 1, 1)", {"RUNTIME_ERROR"}),
     ("slow-legal-at-limit", "x = 0\nfor i in range(10**9):\n    x = x + i\nrect(0, 0, 10, 10)", {"TIMEOUT"}),
     # red-team round 2: caps and bounds must see what is drawn, whatever iterable it came from
     ("zip-past-coordinate-bound", "polygon(zip([0, 5e8, 0], [0, 0, 5e8]))", {"RUNTIME_ERROR"}),
@@ -89,7 +90,7 @@ ATTACKS = [
     # ... reasons must not leak addresses or internal names, and stay short
     ("repr-leak-function", "assert False, rect", {"RUNTIME_ERROR"}),
     ("repr-leak-lambda", "assert False, (lambda: 0)", {"RUNTIME_ERROR"}),
-    ("long-reason", "assert False, 'x' * 10**5", {"RUNTIME_ERROR"}),
+    ("long-reason", "assert False, [1] * 10**5", {"RUNTIME_ERROR"}),
     ("long-name-reason", "x = " + "a" * 5000, {"SOURCE_REJECTED"}),
     # ... NFKC-confusable identifiers are the names they normalise to; lone surrogates are not text
     ("fullwidth-open", "\uff4f\uff50\uff45\uff4e('/tmp/%s', 'w').write('x')" % MARK, {"SOURCE_REJECTED"}),
@@ -443,3 +444,238 @@ def test_deep_nesting_has_one_verdict():
     assert res[0].ok and ev.check_source(srcs[0]) is None, res[0].reason
     for src, r in zip(srcs[1:], res[1:]):
         assert r.status == Status.SOURCE_REJECTED and r.reason == ev.check_source(src), (r.reason, ev.check_source(src))
+
+
+# ---- red-team round 3: the reward is a function of (task, program) -------------------------
+# A heap address (what `'%r' % (rect,)` shows) depends on what ran before in the worker; a program that
+# branched on it drew 4-6 masks from 8 copies of itself. Each probe below reads something that could
+# follow addresses, ids, hashes or set order and draws from it: it must be rejected, or render the same
+# wherever it runs. The gate's choice (03b_gate): a program holds no string value at all.
+FROM_S = "\nrect(10, 10, 5 + int(s[-4:-1], 16) % 60, 20)\n"        # the last hex digits of an address
+FROM_K = "\nrect(10, 10, 5 + k % 60, 20)\n"
+FNS = "fs = [rect, circle, ring, polygon, path, cut]\n"
+ADDRESS_PROBES = [   # (name, source, must be rejected)
+    ("pct-r-function", "s = '%r' % (rect,)" + FROM_S, True),
+    ("pct-r-lambda", "s = '%r' % ((lambda: 0),)" + FROM_S, True),
+    ("pct-r-generator", "s = '%r' % ((x for x in range(1)),)" + FROM_S, True),
+    ("pct-r-zip", "s = '%r' % (zip(),)" + FROM_S, True),
+    ("pct-s-bare", "s = '%s' % rect" + FROM_S, True),
+    ("pct-via-name", "fmt = '%r'\ns = fmt % (rect,)" + FROM_S, True),
+    ("pct-augassign", "s = '%r'\ns %= (rect,)" + FROM_S, True),
+    ("pct-in-function", "def f(t):\n    return '%r' % (t,)\ns = f(rect)" + FROM_S, True),
+    ("pct-in-assert", "assert len('%r' % (rect,)) % 2, 'odd'\nrect(10, 10, 5, 20)", True),
+    ("format-method", "s = '{}'.format(rect)" + FROM_S, True),
+    ("fstring-r", "s = f'{rect!r}'" + FROM_S, True),
+    ("str", "s = str(rect)" + FROM_S, True),
+    ("repr", "s = repr(rect)" + FROM_S, True),
+    ("ascii", "s = ascii(rect)" + FROM_S, True),
+    ("format", "s = format(rect, '')" + FROM_S, True),
+    ("object-repr", "s = object.__repr__(rect)" + FROM_S, True),
+    ("id", "k = id(rect) // 16" + FROM_K, True),
+    ("hash", "k = hash(rect)" + FROM_K, True),
+    ("kwargs-keys", "def f(**kw):\n    return kw\nk = len(f(a=rect))" + FROM_K, True),
+    ("set-of-functions", FNS + "k = [i for i, f in enumerate({f for f in fs}) if f == rect][0] * 9" + FROM_K, True),
+    ("set-literal", FNS + "k = [i for i, f in enumerate({rect, circle, ring, polygon, path}) if f == rect][0] * 9" + FROM_K, True),
+    ("set-builtin", FNS + "k = [i for i, f in enumerate(set(fs)) if f == rect][0] * 9" + FROM_K, True),
+    ("dict-of-functions", FNS + "k = [i for i, f in enumerate({f: 0 for f in fs}) if f == rect][0] * 9" + FROM_K, True),
+    ("sorted-by-id", FNS + "k = [i for i, f in enumerate(sorted(fs, key=id)) if f == rect][0] * 9" + FROM_K, True),
+    ("min-by-id", FNS + "k = fs.index(min(fs, key=id)) * 9" + FROM_K, True),
+    ("type-vars-dir", "k = len(dir(rect)) + len(vars()) + len(type(rect).__name__)" + FROM_K, True),
+    # what stays legal is deterministic: identity comparisons, and an address only in a (scrubbed) reason
+    ("identity-index", FNS + "k = fs.index(circle) * 9 + (rect == rect) + (rect in fs)" + FROM_K, False),
+    ("assert-repr-reason", "rect(10, 10, 5, 20)\nassert False, (rect, (lambda: 0), zip(), (x for x in []))", False),
+]
+HONEST = ["for i in range(3):\n    rect(10 + 30 * i, 10, 15, 50)\ncut(circle(17, 35, 4))\n",
+          "x = [[0] * 1000 for i in range(300)]\nf = lambda: x\ncircle(50, 40, 20)\n",   # grows the heap, keeps a cycle
+          "g = (i for i in range(10))\npolygon([(0, 0), (60, 0), (30, 50)])\n"]
+
+
+def _outcome(r):
+    return (r.status, r.reason, r.n_shapes, None if r.mask is None else geometry.mask_sha256(r.mask))
+
+
+@pytest.fixture(scope="module")
+def address_runs():
+    "Batch 1: 8 copies of every probe, interleaved with honest programs, 2 workers. Batch 2: another history."
+    first = []
+    for c in range(8):
+        for k, (_, src, _) in enumerate(ADDRESS_PROBES):
+            first.append((TASK, src))
+            first.append((TASK, HONEST[(c + k) % 3] + f"# {c} {k}\n"))    # every honest copy a distinct source
+    res1 = ev.evaluate_many(first, workers=2, limits=LIM, dedupe=False)
+    second = [(TASK, HONEST[1] + "# warm\n")] * 5 + [(TASK, src) for _, src, _ in reversed(ADDRESS_PROBES)] * 2
+    res2 = ev.evaluate_many(second, workers=1, limits=LIM, dedupe=False)[5:]
+    n = len(ADDRESS_PROBES)
+    return {name: [res1[2 * (c * n + k)] for c in range(8)] + [res2[n - 1 - k], res2[2 * n - 1 - k]]
+            for k, (name, _, _) in enumerate(ADDRESS_PROBES)}
+
+
+@pytest.mark.parametrize("k", range(len(ADDRESS_PROBES)), ids=[p[0] for p in ADDRESS_PROBES])
+def test_result_is_a_function_of_task_and_program(address_runs, k):
+    "The same source gives the same result in every position of a batch and in another worker history."
+    name, src, rejected = ADDRESS_PROBES[k]
+    runs = address_runs[name]
+    outcomes = {_outcome(r) for r in runs}
+    assert len(outcomes) == 1, (name, sorted(outcomes, key=str))
+    r = runs[0]
+    assert (r.status == Status.SOURCE_REJECTED) == rejected, (name, r.status, r.reason)
+    assert r.status in (Status.SOURCE_REJECTED, Status.OK, Status.RUNTIME_ERROR), (name, r.status, r.reason)
+    assert_clean_reason(r.reason)
+    if rejected:
+        assert ev.check_source(src) == r.reason, name
+
+
+def test_honest_programs_around_the_probes_score_right(address_runs):
+    res = ev.evaluate_many([(TASK, src) for src in HONEST], workers=2, limits=LIM)
+    assert res[0].ok and res[0].iou == 1.0 and all(r.ok for r in res), [(r.status, r.reason) for r in res]
+
+
+def test_strings_only_where_nothing_reads_them():
+    "A docstring and an assert message are text nothing can read; every other string is refused."
+    ok = ['"""Three pads."""\nfor i in range(3):\n    rect(10 + 30 * i, 10, 15, 50)',
+          'def pad(i):\n    "one pad"\n    return rect(10 + 30 * i, 10, 15, 50)\nassert pad(0), "drew nothing"']
+    for src in ok:
+        assert ev.check_source(src) is None, src
+    bad = ["x = 'a'", "rect(0, 0, 1, len('abcd'))", "x = ['a'][0]", "x = float('inf')", "def f(s='x'):\n    return s",
+           "x = (lambda: 'a')()", "assert 'a', 'b' * 2", "x = [c for c in 'abc']", "x = 'a' if 1 else 'b'"]
+    for src in bad:
+        reason = ev.check_source(src)
+        assert reason is not None and "string" in reason, (src, reason)
+
+
+def test_no_ground_truth_or_band_program_is_rejected():
+    "The drawing language needs no text: every committed task program and band program of every split passes the gate."
+    from pixrl.base import band_program
+    n = 0
+    for split in ("train", "validation", "test"):
+        for task in tasks.load_split(split):
+            for src in (task.program, band_program(task)):
+                assert ev.check_source(src, limits=Limits(timeout_s=5.0)) is None, (split, task.id, ev.check_source(src))
+                n += 1
+    assert n >= 5000
+
+
+# ---- red-team round 3: the vertex cap is re-entrant ---------------------------------------
+def _nested(kind: str, depth: int, n: int) -> str:
+    "A `kind` whose points generator draws another `kind` (depth levels below it) before its first point."
+    w = ", 1" if kind == "path" else ""
+    return (f"def pts(d):\n    return ((i % 50, i % 7) if i or d == 0 or {kind}(pts(d - 1){w}) else 0 "
+            f"for i in range({n}))\n{kind}(pts({depth}){w})\n")
+
+
+def _drawn_vertices(src: str, limits: Limits) -> tuple:
+    "(vertices in the scene, cap hit?) of `src` run in-process against the gate and the worker's budget."
+    reason, code = worker.gate_compile(src, limits)
+    assert reason is None, reason
+    scene = geometry.Scene()
+    ns = worker._sandbox_namespace(scene, worker._DrawBudget(limits))
+    try:
+        exec(code, ns)
+        hit = False
+    except worker._ShapeCap:
+        hit = True
+    shapes = {id(s): s for _, s in scene.ops if s.kind in ("polygon", "path")}
+    return sum(len(s.args[0]) for s in shapes.values()), hit
+
+
+def test_nested_generators_hit_the_vertex_cap():
+    "Six polygons (or paths) nested in each other's point generators: 6 x 19,000 vertices against 20,000."
+    srcs = [_nested("polygon", 5, 19000), _nested("path", 5, 19000),
+            "def pts(d):\n    return ((i % 50, i % 7) if i or d == 0 or path(pts(d - 1), 1) else 0 for i in range(19000))\n"
+            "polygon(pts(1))\n"]
+    res = ev.evaluate_many([(TASK, s) for s in srcs], workers=2, limits=LIM)
+    assert [r.status for r in res] == [Status.RESOURCE_LIMIT] * 3, [(r.status, r.reason) for r in res]
+    assert all("vertices" in r.reason for r in res), [r.reason for r in res]
+
+
+def test_vertices_drawn_never_pass_the_cap():
+    "Whatever re-enters the budget (generators of points, generator elements, keyword points), the total drawn stays <= max_points."
+    lim = Limits(timeout_s=2.0, max_points=100, max_shapes=50)
+    cases = [(_nested(kind, depth, n), (depth + 1) * n) for kind in ("polygon", "path")
+             for depth in (0, 1, 2, 4) for n in (19, 20, 33, 50, 99)]
+    cases += [("polygon([(0, 0), (1, 0), (x for x in (polygon([(0, 1)] * 98) and 1, 1))])", 101),
+              ("polygon([(0, 0), (1, 0), (x for x in (polygon([(0, 1)] * 97) and 1, 1))])", 100),
+              ("polygon(points=((i, i % 3) if i or path([(0, 0)] * 90, 1) else 0 for i in range(11)))", 101),
+              ("polygon(zip(range(50), [path([(0, 0)] * 51, 1) and 1] * 50))", 101)]
+    for src, need in cases:
+        drawn, hit = _drawn_vertices(src, lim)
+        assert drawn <= lim.max_points, (src, drawn)
+        assert hit == (need > lim.max_points), (src, need, drawn, hit)
+    res = ev.evaluate_many([(TASK, src) for src, _ in cases[:10]], workers=2, limits=lim)
+    for (src, need), r in zip(cases, res):
+        assert (r.status == Status.RESOURCE_LIMIT) == (need > lim.max_points), (src, r.status, r.reason)
+
+
+# ---- red-team round 3: parent-side text handling is linear and bounded ----------------------
+def _best_time(fn, arg, repeat=5) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn(arg)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+REASON_FAMILIES = {   # adversarial reason texts (what a candidate can make the parent clean)
+    "word-run": lambda n: "SVG element <" + "a" * n + "> not allowed",
+    "dotted-run": lambda n: "x" + "a." * (n // 2) + "<locals",
+    "many-locals": lambda n: "a<locals>." * (n // 10),
+    "near-address": lambda n: " at 0x" * (n // 6),
+    "hex-runs": lambda n: "0x123 " * (n // 6),
+    "long-address": lambda n: " at 0x" + "f" * n,
+    "unicode-word": lambda n: "\u00e9" * n + "<locals>",
+}
+
+
+@pytest.mark.parametrize("family", list(REASON_FAMILIES))
+def test_clean_reason_is_bounded(family):
+    "clean_reason on 10^5 adversarial characters costs about what it costs on 10^3 (quadratic would be ~10^4 x)."
+    make = REASON_FAMILIES[family]
+    small, big = _best_time(ev.clean_reason, make(10**3)), _best_time(ev.clean_reason, make(10**5))
+    assert big < 30 * small + 2e-4, (family, small, big)
+    assert len(ev.clean_reason(make(10**5))) <= 300
+
+
+SVG_NAME_ATTACKS = {   # n -> an SVG whose hostile part is n characters long
+    "element-name": lambda n: SVG_HEAD + "<" + "a" * n + "/></svg>",
+    "attribute-name": lambda n: SVG_HEAD + '<rect ' + "b" * n + '="1"/></svg>',
+    "many-attributes": lambda n: SVG_HEAD + "<rect " + " ".join(f"a{i}=\"1\"" for i in range(n // 8)) + "/></svg>",
+    "dotted-element": lambda n: SVG_HEAD + "<" + "a." * (n // 2) + "/></svg>",
+    "nested-groups": lambda n: SVG_HEAD + "<g>" * (n // 3) + '<rect x="1" y="1" width="2" height="2"/>' + "</g>" * (n // 3) + "</svg>",
+}
+BIG = Limits(timeout_s=2.0, max_source_chars=10**6, max_shapes=10**6)
+
+
+@pytest.mark.parametrize("attack", list(SVG_NAME_ATTACKS))
+def test_svg_text_handling_is_linear(attack):
+    "The parent's svg path (parser, its messages, clean_reason) on a 10^5-character hostile part: linear, not quadratic."
+    make = SVG_NAME_ATTACKS[attack]
+    check = lambda src: ev.check_source(src, "svg", limits=BIG)
+    small, big = _best_time(check, make(10**4), 3), _best_time(check, make(10**5), 3)
+    assert big < 30 * small + 2e-3, (attack, small, big)    # linear: ~10x; quadratic: ~100x
+    assert big < 0.25, (attack, big)
+    reason = check(make(10**5))
+    assert reason is None or len(reason) <= 300
+
+
+def test_long_svg_names_cost_the_caller_nothing():
+    "8 SVG candidates with a 10^5- (or, within the default limits, 19,900-) character element name: well under 1 s in the caller."
+    big = [SVG_NAME_ATTACKS["element-name"](10**5), SVG_NAME_ATTACKS["attribute-name"](10**5)] * 4
+    t0 = time.perf_counter()
+    res = ev.evaluate_many([(TASK, src, "svg") for src in big], workers=2, limits=BIG)
+    assert time.perf_counter() - t0 < 0.5
+    assert all(r.status == Status.SOURCE_REJECTED and len(r.reason) <= 300 for r in res), [r.reason[:80] for r in res]
+    assert res[0].reason.startswith("SVG element <aaaa") and "allowed: svg, g, rect" in res[0].reason, res[0].reason
+    near = [SVG_NAME_ATTACKS["element-name"](19900), SVG_NAME_ATTACKS["attribute-name"](19900)] * 4
+    t0 = time.perf_counter()
+    res = ev.evaluate_many([(TASK, src, "svg") for src in near], workers=2, limits=LIM)
+    assert time.perf_counter() - t0 < 0.5
+    assert all(r.status == Status.SOURCE_REJECTED for r in res)
+
+
+def test_long_identifier_costs_the_caller_nothing():
+    "check_source (the parent's gate) on a program with a 19,990-character unknown name."
+    src = "x = " + "a" * 19990
+    t0 = time.perf_counter()
+    reason = ev.check_source(src)
+    assert time.perf_counter() - t0 < 0.2 and reason.startswith("unknown name 'aaaa") and len(reason) <= 300

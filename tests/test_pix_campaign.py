@@ -123,9 +123,9 @@ def test_replay_mix_from_the_package():
 def test_reward_policy_is_a_campaign_setting(tmp_path):
     from pixrl.campaign import _parser
     from pixrl.reward import DEFAULT_REWARD
-    assert CampaignConfig().reward == DEFAULT_REWARD == "shaped_v3c"
+    assert CampaignConfig().reward == DEFAULT_REWARD == "shaped_v3d"
     assert CampaignConfig(reward="shaped_v3b").fingerprint() != CampaignConfig().fingerprint()
-    with pytest.raises(ValueError, match="unknown reward policy 'iou'.*shaped_v3c, shaped_v3b, raw_iou"):
+    with pytest.raises(ValueError, match="unknown reward 'iou'; accepted: .*shaped_v3c, shaped_v3b, raw_iou"):
         validate(CampaignConfig(reward="iou", runs_root=str(tmp_path)))
     assert _parser().parse_args(["run", "--reward", "raw_iou"]).reward == "raw_iou"
 

@@ -44,10 +44,10 @@ def test_release_cli_writes_card_from_committed_bench(adapter, tmp_path, capsys)
     assert man["kind"] == "pixrl.release" and man["data_digest"] == bench["data_digest"]
     for rel, sha in man["files"].items():
         assert sha256_file(out / rel) == sha
-    # `pixrl serve` can serve the release folder (transformers on CPU serves merged/)
+    # `pixrl serve` can serve the release folder (pixrl's server on CPU serves merged/)
     from pixrl.serve import server_command
     argv, _ = server_command(out, backend="transformers")
-    assert argv[1:3] == ["serve", str(out / "merged")]
+    assert argv[1:4] == ["-m", "pixrl.serve", str(out / "merged")]
     # the released adapter still loads on its base
     from peft import PeftModel
     from transformers import Qwen2ForCausalLM
@@ -159,7 +159,7 @@ def test_campaign_release_loads_on_a_fresh_machine(campaign, tmp_path, monkeypat
     assert man["data_digest"] == release_digest() and release_digest() in card and "campaign preflight" in man["evidence"]
     # `pixrl serve` serves the released model folder
     argv, _ = server_command(fresh, backend="transformers")
-    assert argv[1:3] == ["serve", str(fresh / "merged")]
+    assert argv[1:4] == ["-m", "pixrl.serve", str(fresh / "merged")]
 
 
 def test_campaign_release_refuses(campaign, tmp_path, capsys):

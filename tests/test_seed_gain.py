@@ -14,14 +14,14 @@ RUNS = NBS.parent / "runs"
 def test_refuses_runs_of_different_recipes(tmp_path):
     with pytest.raises(pm.PapermillExecutionError, match="differ in more than seed"):
         pm.execute_notebook(str(NBS / "seed_gain.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS),
-                            parameters={"runs": "b,b_base"}, kernel_name="python3", progress_bar=False)
+                            parameters={"runs": "b_v3c,b_base"}, kernel_name="python3", progress_bar=False)
 
 
 def test_interval_is_the_deltas_seed_ci(tmp_path):
     out = tmp_path / "out.ipynb"
     pm.execute_notebook(str(NBS / "seed_gain.ipynb"), str(out), cwd=str(NBS), kernel_name="python3", progress_bar=False)
     text = "".join("".join(o.get("text", "")) for c in json.loads(out.read_text())["cells"] for o in c.get("outputs", []))
-    deltas = [json.loads((RUNS / n / "summary.json").read_text())["verdicts"]["iou"]["all"]["mean_diff"] for n in ("b", "b_seed1", "b_seed2")]
+    deltas = [json.loads((RUNS / n / "summary.json").read_text())["verdicts"]["iou"]["all"]["mean_diff"] for n in ("b_v3c", "b_seed1", "b_seed2")]
     ci = seed_ci(deltas)
     assert f"iou: mean change over 3 seeds {ci.mean:+.4f} (95% t-interval {ci.lo:+.4f} … {ci.hi:+.4f})" in text
 
@@ -34,7 +34,7 @@ def _text(out) -> str:
 def _other_recipe(root: Path, shift: dict[int, float]) -> None:
     """make train's three runs copied under `root` as they are (b, b_seed1, b_seed2) and as a second recipe (g4_*):
     groups_per_step 4, and each seed's IoU gain moved by `shift[seed]` (a made-up recipe with known differences)."""
-    for n in ("b", "b_seed1", "b_seed2"):
+    for n in ("b_v3c", "b_seed1", "b_seed2"):
         s = json.loads((RUNS / n / "summary.json").read_text())
         (root / n).mkdir()
         (root / n / "summary.json").write_text(json.dumps(s))
@@ -50,7 +50,7 @@ def test_compare_to_is_the_per_seed_difference_of_gains(tmp_path):
     _other_recipe(tmp_path, shift)
     out = tmp_path / "out.ipynb"
     pm.execute_notebook(str(NBS / "seed_gain.ipynb"), str(out), cwd=str(NBS), kernel_name="python3", progress_bar=False,
-                        parameters={"runs": "g4_b,g4_b_seed1,g4_b_seed2", "compare_to": "b_seed2,b,b_seed1",
+                        parameters={"runs": "g4_b_v3c,g4_b_seed1,g4_b_seed2", "compare_to": "b_seed2,b_v3c,b_seed1",
                                     "runs_root": str(tmp_path)})      # compare_to in another order: paired by seed
     d = [shift[k] for k in (0, 1, 2)]                               # this (g4) − that (b), seed by seed
     mean = sum(d) / 3
@@ -63,7 +63,7 @@ def test_compare_to_is_the_per_seed_difference_of_gains(tmp_path):
 
 
 @pytest.mark.parametrize("compare_to, match", [("b_base,b_s1,b_s2", "accepted: one model for both recipes"),
-                                               ("b,b_seed1", r"accepted: one run per seed of runs, \[0, 1, 2\]")])
+                                               ("b_v3c,b_seed1", r"accepted: one run per seed of runs, \[0, 1, 2\]")])
 def test_compare_to_refuses_another_model_or_other_seeds(tmp_path, compare_to, match):
     with pytest.raises(pm.PapermillExecutionError, match=match):
         pm.execute_notebook(str(NBS / "seed_gain.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS),

@@ -31,6 +31,12 @@ class Chunk:
     evidence: bool
 
 
+def _json_kind(v) -> str:
+    "The JSON type of a decoded value, for messages."
+    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(v), "number" if isinstance(v, numbers.Number) else type(v).__name__)
+
+
 @dataclass(frozen=True)
 class Record:
     "One question over one chunked document. `last_evidence` = index of the last chunk labelled evidence."
@@ -51,6 +57,9 @@ class Record:
     def from_dict(cls, d: Mapping) -> "Record":
         "Build from a JSON object (fields as in `to_dict`; `kind` optional); not validated — see `validate_record`."
         required = ("id", "project", "question", "answer", "chunks", "last_evidence")
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a record must be a JSON object with fields {list(required) + ['kind']}; "
+                             f"got a JSON {_json_kind(d)}")
         missing = [k for k in required if k not in d]
         extra = sorted(set(d) - set(required) - {"kind"})
         if missing or extra:
@@ -438,30 +447,53 @@ def export_corpus(path, records: Sequence[Record], kappa: float | None, min_kapp
     return path
 
 
+def _json_line(raw: bytes):
+    "The JSON value of one corpus line; ValueError saying what is wrong with it."
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("not a corpus line: JSON nested too deeply") from None
+    except ValueError as e:
+        raise ValueError(f"not JSON: {e}") from None
+
+
 def load_corpus(path, min_kappa: float = 0.8) -> tuple[list[Record], dict]:
     """Read a corpus written by `export_corpus`: (records, meta). Refuses (KappaError) a corpus without a
-    metadata line carrying a measured κ ≥ `min_kappa`; ValueError for a wrong format, count or digest, or an
-    invalid record."""
+    metadata line carrying a measured κ ≥ `min_kappa`; ValueError for a wrong format, count or digest; ValueError
+    naming the line (1-based) for a line that is not a valid record, or a duplicate record id (and both lines)."""
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = path.read_bytes().split(b"\n")
+    if lines and not lines[-1].strip():
+        lines.pop()
     try:
-        first = json.loads(lines[0]) if lines else None
-    except ValueError:
-        first = None
+        first = _json_line(lines[0]) if lines else None
+        why = ""
+    except ValueError as e:
+        first, why = None, f" (line 1: {e})"
     if not isinstance(first, dict) or not isinstance(first.get("meta"), dict):
         raise KappaError(f"load_corpus refuses {path}: the first line is not a metadata line {{\"meta\": {{...}}}} "
-                         "carrying the labeler's measured kappa")
+                         f"carrying the labeler's measured kappa{why}")
     meta = first["meta"]
     if meta.get("format") != CORPUS_FORMAT:
         raise ValueError(f"load_corpus: {path} has format {meta.get('format')!r}; accepted: {CORPUS_FORMAT!r}")
     check_kappa(meta.get("kappa"), min_kappa, f"load_corpus refuses {path}")
-    records = []
+    records, first_line = [], {}
     for n, line in enumerate(lines[1:], start=2):
-        if line.strip():
-            try:
-                records.append(validate_record(Record.from_dict(json.loads(line))))
-            except (ValueError, TypeError) as e:
-                raise ValueError(f"load_corpus: {path} line {n}: {e}") from None
+        if not line.strip():
+            continue
+        try:
+            rec = validate_record(Record.from_dict(_json_line(line)))
+        except (ValueError, TypeError, RecursionError) as e:
+            raise ValueError(f"load_corpus: {path} line {n}: {e}") from None
+        if rec.id in first_line:
+            raise ValueError(f"load_corpus: {path} line {n}: duplicate record id {rec.id!r} (first on line "
+                             f"{first_line[rec.id]}); record ids must be unique")
+        first_line[rec.id] = n
+        records.append(rec)
     if len(records) != meta.get("n_records"):
         raise ValueError(f"load_corpus: {path} holds {len(records)} records but its metadata says "
                          f"n_records={meta.get('n_records')!r}")

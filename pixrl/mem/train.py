@@ -10,88 +10,74 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..advantage import credit_advantage, final_turn_advantage, check_alpha, ADVANTAGES
+from ..advantage import credit_advantage, final_turn_advantage, ADVANTAGES
 from .env import MemEpisode, TURN_STOP, TURN_HEADER, ANSWER_HEADER
 from . import corpus as mem_corpus
-from ..tracking import Tracker, check_report_to, tracker_dir
-from ..core import rank, world_size, is_main_rank, params_digest
+from ..tracking import REPORT_TO, Tracker, check_report_to, tracker_dir
+from ..core import Accepts, check_fields, setting, rank, world_size, is_main_rank, params_digest
 
 # %% auto #0
-__all__ = ['GPU_DEFAULTS', 'MemTrainConfig', 'cpu_corpus', 'Gen', 'HFPolicy', 'make_policy', 'VLLMPolicy', 'Trajectory',
-           'rollout', 'Row', 'group_rows', 'batch_rows', 'pack_rows', 'completion_logprobs', 'clipped_token_loss',
-           'k3_kl', 'trajectory_metrics', 'heldout_metrics', 'gate_probe', 'resolve_model_path', 'load_lora_policy',
-           'MemGRPOTrainer', 'format_metrics', 'plateaued']
+__all__ = ['BACKENDS', 'GPU_DEFAULTS', 'MemTrainConfig', 'cpu_corpus', 'Gen', 'HFPolicy', 'make_policy', 'VLLMPolicy',
+           'Trajectory', 'rollout', 'Row', 'group_rows', 'batch_rows', 'pack_rows', 'completion_logprobs',
+           'clipped_token_loss', 'k3_kl', 'trajectory_metrics', 'heldout_metrics', 'gate_probe', 'resolve_model_path',
+           'load_lora_policy', 'MemGRPOTrainer', 'format_metrics', 'plateaued']
 
 # %% ../../nbs/22_mem_train.ipynb #bd56fe84
+BACKENDS = ("hf", "vllm", "auto")   # generation backends of MemTrainConfig.backend
+_CHUNKS = Accepts(int, ge=1)        # chunks in a document
+
 @dataclass
 class MemTrainConfig:
-    "Multi-conversation GRPO for the gated memory agent. Defaults = CPU default; see `GPU_DEFAULTS` for Table 3."
-    model: str = "pixrl-mem-base"      # model id / path; "pixrl-mem-base" = the committed CPU default, "pixrl-mem-tiny" = the test fixture
-    alpha: float = 0.9                 # Â = α·Â_traj + (1−α)·Â_turn  (GRU-Mem §3.2.2); must be in [0, 1]
-    advantage: str = "two_baseline"    # credit assignment of memory turns (pixrl.advantage.ADVANTAGES): two_baseline | dedup | gigpo
-    omega: float = 1.0                 # gigpo only: Â = Â_traj + ω·Â_step (anchor = the turn's prompt)
-    std_norm: bool = False             # divide advantages by the group std (paper equations: no)
-    steps: int = 50                    # optimiser steps (= rollout batches)
-    questions_per_step: int = 2        # "train batch size" (questions per step)
-    group_size: int = 8                # "rollout N": episodes per question
-    mini_batch_questions: int | None = None  # questions per optimiser update; None = all (on-policy, Table 3)
-    ppo_epochs: int = 1                # passes over each rollout batch
-    clip_ratio: float = 0.2            # PPO ε
-    kl_coef: float = 0.0               # β of the k3 KL to the base (MemAgent used 0.001); 0 = no reference pass
-    lr: float = 2e-3                   # LoRA learning rate (tiny CPU model needs a high one; Table 3: 1e-6 on 3B/7B)
-    warmup_steps: int = 0              # linear LR warm-up
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_targets: tuple = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    temperature: float = 1.0           # train sampling
-    top_p: float = 1.0
-    val_temperature: float = 1.0       # validation sampling (Table 3: top_p 0.7)
-    val_top_p: float = 0.7
-    max_prompt_tokens: int = 512       # prompts longer than this are left-truncated (counted in the metrics)
-    max_response_tokens: int = 128     # per turn
-    chunk_words: int = 6               # corpus: words per chunk (Table 3 "chunk size 5000" is in tokens, GPU)
-    chunks_per_doc: tuple = (3, 4)     # corpus: chunks per document
-    val_every: int = 5                 # validation cadence (steps); 0 = never
-    val_questions: int = 24            # held-out questions per validation (1 rollout each)
-    micro_batch_rows: int = 64         # rows per forward/backward (gradient accumulation)
-    turn_header: str = "Memory turn.\n"   # memory-turn instructions (CPU: the tiny model's 3-token header; GPU: env.TURN_HEADER)
-    answer_header: str = "Answer.\n"      # answer-turn instructions (GPU: env.ANSWER_HEADER)
-    backend: str = "auto"              # "hf" | "vllm" | "auto" (vLLM when CUDA and vllm are present)
-    threads: int = 1                   # torch CPU threads (1 is fastest on a shared 2-core machine)
-    seed: int = 0
-    report_to: str = "none"            # step-metric tracker (pixrl.tracking): none | trackio | tensorboard, in <run_dir>/tracking/
+    """Multi-conversation GRPO for the gated memory agent. Defaults = CPU default; see `GPU_DEFAULTS` for Table 3.
+    Every field is a `pixrl.core.setting` that says what it accepts; `validate()` refuses anything else."""
+    model: str = setting("pixrl-mem-base", min_len=1)                             # model id / path; "pixrl-mem-base" = the committed CPU default, "pixrl-mem-tiny" = the test fixture
+    alpha: float = setting(0.9, ge=0, le=1)                                       # Â = α·Â_traj + (1−α)·Â_turn  (GRU-Mem §3.2.2); must be in [0, 1]
+    advantage: str = setting("two_baseline", choices=ADVANTAGES)                  # credit assignment of memory turns (pixrl.advantage.ADVANTAGES): two_baseline | dedup | gigpo
+    omega: float = setting(1.0, ge=0)                                             # gigpo only: Â = Â_traj + ω·Â_step (anchor = the turn's prompt)
+    std_norm: bool = setting(False)                                               # divide advantages by the group std (paper equations: no)
+    steps: int = setting(50, ge=1)                                                # optimiser steps (= rollout batches)
+    questions_per_step: int = setting(2, ge=1)                                    # "train batch size" (questions per step)
+    group_size: int = setting(8, ge=2)                                            # "rollout N": episodes per question (a group of one has no baseline)
+    mini_batch_questions: int | None = setting(None, ge=1)                        # questions per optimiser update, a divisor of questions_per_step; None = all (on-policy, Table 3)
+    ppo_epochs: int = setting(1, ge=1)                                            # passes over each rollout batch
+    clip_ratio: float = setting(0.2, gt=0, lt=1)                                  # PPO ε: the ratio is clipped to [1 − ε, 1 + ε]
+    kl_coef: float = setting(0.0, ge=0)                                           # β of the k3 KL to the base (MemAgent used 0.001); 0 = no reference pass
+    lr: float = setting(2e-3, gt=0)                                               # LoRA learning rate (tiny CPU model needs a high one; Table 3: 1e-6 on 3B/7B)
+    warmup_steps: int = setting(0, ge=0)                                          # linear LR warm-up
+    weight_decay: float = setting(0.0, ge=0)                                      # AdamW weight decay
+    max_grad_norm: float = setting(1.0, gt=0)                                     # gradient-norm clip of every optimiser update
+    lora_r: int = setting(16, ge=1)                                               # LoRA rank
+    lora_alpha: int = setting(32, ge=1)                                           # LoRA scaling numerator (scale = lora_alpha / lora_r)
+    lora_dropout: float = setting(0.0, ge=0, lt=1)                                # dropout on the LoRA input
+    lora_targets: tuple = setting(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+                                  min_len=1, distinct=True, items=Accepts(str, min_len=1))   # module names the LoRA wraps
+    temperature: float = setting(1.0, gt=0)                                       # train sampling
+    top_p: float = setting(1.0, gt=0, le=1)                                       # train nucleus sampling
+    val_temperature: float = setting(1.0, gt=0)                                   # validation sampling (Table 3: top_p 0.7)
+    val_top_p: float = setting(0.7, gt=0, le=1)                                   # validation nucleus sampling
+    max_prompt_tokens: int = setting(512, ge=8)                                   # prompts longer than this are left-truncated (counted in the metrics)
+    max_response_tokens: int = setting(128, ge=4)                                 # per turn
+    chunk_words: int = setting(6, ge=1)                                           # corpus: words per chunk (Table 3 "chunk size 5000" is in tokens, GPU)
+    chunks_per_doc: tuple = setting((3, 4), min_len=2, max_len=2, items=_CHUNKS)  # corpus: chunks per document, a (lo, hi) pair with lo <= hi
+    val_every: int = setting(5, ge=0)                                             # validation cadence (steps); 0 = never
+    val_questions: int = setting(24, ge=1)                                        # held-out questions per validation (1 rollout each)
+    micro_batch_rows: int = setting(64, ge=1)                                     # rows per forward/backward (gradient accumulation)
+    turn_header: str = setting("Memory turn.\n", min_len=1)                       # memory-turn instructions (CPU: the tiny model's 3-token header; GPU: env.TURN_HEADER)
+    answer_header: str = setting("Answer.\n", min_len=1)                          # answer-turn instructions (GPU: env.ANSWER_HEADER)
+    backend: str = setting("auto", choices=BACKENDS)                              # "hf" | "vllm" | "auto" (vLLM when CUDA and vllm are present)
+    threads: int = setting(1, ge=1)                                               # torch CPU threads (1 is fastest on a shared 2-core machine)
+    seed: int = setting(0, ge=0)                                                  # seeds the corpus, the rollouts and the LoRA init
+    report_to: str = setting("none", choices=REPORT_TO, check=check_report_to)    # step-metric tracker (pixrl.tracking): none | trackio | tensorboard (its package installed), in <run_dir>/tracking/
 
     def validate(self) -> "MemTrainConfig":
-        "Raise ValueError naming the bad value; returns self."
-        check_alpha(self.alpha)
-        if self.advantage not in ADVANTAGES:
-            raise ValueError(f"advantage {self.advantage!r}; accepted: {ADVANTAGES}")
-        ints = dict(steps=1, questions_per_step=1, group_size=2, ppo_epochs=1, lora_r=1, max_prompt_tokens=8,
-                    max_response_tokens=4, micro_batch_rows=1, threads=1)
-        for k, lo in ints.items():
-            v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{k} must be an int ≥ {lo}; got {v!r}")
-        mb = self.mini_batch_questions
-        if mb is not None and (not isinstance(mb, int) or mb < 1 or self.questions_per_step % mb):
-            raise ValueError(f"mini_batch_questions must divide questions_per_step={self.questions_per_step}; got {mb!r}")
-        for k in ("clip_ratio", "lr"):
-            if not getattr(self, k) > 0:
-                raise ValueError(f"{k} must be > 0; got {getattr(self, k)!r}")
-        if self.kl_coef < 0:
-            raise ValueError(f"kl_coef must be ≥ 0; got {self.kl_coef!r}")
-        for k in ("top_p", "val_top_p"):
-            if not 0 < getattr(self, k) <= 1:
-                raise ValueError(f"{k} must be in (0, 1]; got {getattr(self, k)!r}")
-        for k in ("temperature", "val_temperature"):
-            if not getattr(self, k) > 0:
-                raise ValueError(f"{k} must be > 0; got {getattr(self, k)!r}")
-        if self.backend not in ("hf", "vllm", "auto"):
-            raise ValueError(f"backend must be 'hf', 'vllm' or 'auto'; got {self.backend!r}")
-        check_report_to(self.report_to)
+        "Raise ValueError naming the bad field, its value and what it accepts (each field's setting, then across fields)."
+        check_fields(self)
+        if self.mini_batch_questions is not None and self.questions_per_step % self.mini_batch_questions:
+            raise ValueError(f"mini_batch_questions={self.mini_batch_questions!r} does not divide "
+                             f"questions_per_step={self.questions_per_step}; accepted: a divisor of it, or None")
+        lo, hi = self.chunks_per_doc
+        if lo > hi:
+            raise ValueError(f"chunks_per_doc={self.chunks_per_doc!r}: lo > hi; accepted: a (lo, hi) pair with 1 <= lo <= hi")
         return self
 
 GPU_DEFAULTS = MemTrainConfig(

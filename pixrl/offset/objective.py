@@ -219,8 +219,15 @@ def save_arm(arm: dict, cfg: ArmConfig, path) -> None:
                 "config": asdict(cfg), "digest": arm["digest"]}, path)
 
 def load_arm(path) -> tuple[JointPolicyObjective, ArmConfig, str]:
-    "Inverse of save_arm: (objective, config, data digest)."
-    ck = torch.load(path, weights_only=False)
+    """Inverse of save_arm: (objective, config, data digest). Read with `torch.load(weights_only=True)`
+    (`pixrl.base.load_tensors`): a file holding anything but tensors and plain data is refused, never run."""
+    from pixrl.base import load_tensors
+    ck = load_tensors(path, ("policy", "tokenizer", "config", "digest"))
+    if not isinstance(ck["config"], dict):
+        raise ValueError(f"{path}: config must be a dict of ArmConfig fields; got {type(ck['config']).__name__}")
+    unknown = sorted(set(map(str, ck["config"])) - set(ArmConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"{path}: config has unknown fields {unknown}; accepted: {list(ArmConfig.__dataclass_fields__)}")
     cfg = ArmConfig(**ck["config"])
     from pixrl.offset.data import STATE_FEATURES, ACTION_NAMES
     tok = ResidualVQ(cfg.n_groups, cfg.n_codes, len(ACTION_NAMES))
