@@ -1,4 +1,6 @@
 """Fixtures shared by several test files."""
+import time
+
 import pytest
 import torch
 
@@ -10,3 +12,19 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def min_seconds(fn, arg, repeat: int = 5) -> float:
+    "The fastest of `repeat` timings of fn(arg): timing noise only adds, so the minimum is what a ratio test compares."
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn(arg)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+@pytest.fixture
+def best_time():
+    "`min_seconds` (the fastest of `repeat` timings of fn(arg)) for the linear-time tests of parent-side text handling."
+    return min_seconds

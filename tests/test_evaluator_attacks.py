@@ -607,15 +607,6 @@ def test_vertices_drawn_never_pass_the_cap():
 
 
 # ---- red-team round 3: parent-side text handling is linear and bounded ----------------------
-def _best_time(fn, arg, repeat=5) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn(arg)
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 REASON_FAMILIES = {   # adversarial reason texts (what a candidate can make the parent clean)
     "word-run": lambda n: "SVG element <" + "a" * n + "> not allowed",
     "dotted-run": lambda n: "x" + "a." * (n // 2) + "<locals",
@@ -628,10 +619,10 @@ REASON_FAMILIES = {   # adversarial reason texts (what a candidate can make the 
 
 
 @pytest.mark.parametrize("family", list(REASON_FAMILIES))
-def test_clean_reason_is_bounded(family):
+def test_clean_reason_is_bounded(family, best_time):
     "clean_reason on 10^5 adversarial characters costs about what it costs on 10^3 (quadratic would be ~10^4 x)."
     make = REASON_FAMILIES[family]
-    small, big = _best_time(ev.clean_reason, make(10**3)), _best_time(ev.clean_reason, make(10**5))
+    small, big = best_time(ev.clean_reason, make(10**3)), best_time(ev.clean_reason, make(10**5))
     assert big < 30 * small + 2e-4, (family, small, big)
     assert len(ev.clean_reason(make(10**5))) <= 300
 
@@ -647,11 +638,11 @@ BIG = Limits(timeout_s=2.0, max_source_chars=10**6, max_shapes=10**6)
 
 
 @pytest.mark.parametrize("attack", list(SVG_NAME_ATTACKS))
-def test_svg_text_handling_is_linear(attack):
+def test_svg_text_handling_is_linear(attack, best_time):
     "The parent's svg path (parser, its messages, clean_reason) on a 10^5-character hostile part: linear, not quadratic."
     make = SVG_NAME_ATTACKS[attack]
     check = lambda src: ev.check_source(src, "svg", limits=BIG)
-    small, big = _best_time(check, make(10**4), 3), _best_time(check, make(10**5), 3)
+    small, big = best_time(check, make(10**4), 3), best_time(check, make(10**5), 3)
     assert big < 30 * small + 2e-3, (attack, small, big)    # linear: ~10x; quadratic: ~100x
     assert big < 0.25, (attack, big)
     reason = check(make(10**5))

@@ -8,7 +8,6 @@ scores 1.0 everywhere, the bounding rectangle the floor on ordinary targets; the
 ground-truth prefixes; `shaped_v3b` is still the pinned reward and still pays the hacks; extracting a program from a
 completion is linear in its length."""
 import ast
-import time
 
 import numpy as np
 import pytest
@@ -225,17 +224,8 @@ def make_fn_names():
     return [rw.make_reward_fn([], policy=p).__name__ for p in rw.REWARD_POLICIES]
 
 
-def best_time(fn, arg, repeats=3):
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(arg)
-        out.append(time.perf_counter() - t0)
-    return min(out)
-
-
 @pytest.mark.parametrize("body", ["a", " ", "`", "py"])
-def test_extract_program_is_linear_on_an_unbroken_fence(body):
+def test_extract_program_is_linear_on_an_unbroken_fence(body, best_time):
     "Round 3: a completion that opens a fence and never breaks a line (a regex took 1.4 s on 64k characters)."
     short = best_time(rw.extract_program, "```" + body * 1_000)
     long = best_time(rw.extract_program, "```" + body * 100_000)
