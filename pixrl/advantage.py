@@ -100,7 +100,7 @@ def two_baseline_advantage(r_traj, r_update, alpha: float = 0.9, std_norm: bool 
 
 
 def final_turn_advantage(r_traj, std_norm: bool = False) -> np.ndarray:
-    """Advantage (G,) of the final-answer turn of each rollout: Â_traj alone (DESIGN.md "mem") — that turn
+    """Advantage (G,) of the final-answer turn of each rollout: Â_traj alone (docs/mem.md §advantage) — that turn
     has no update gate, so there is no turn term to mix. Same as `trajectory_advantage`."""
     return trajectory_advantage(r_traj, std_norm)
 

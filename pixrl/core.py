@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import re
 import atexit, dataclasses, math, os, platform, random, subprocess, sys, time, typing
 from importlib import metadata
 from pathlib import Path
@@ -12,10 +13,12 @@ from typing import Callable
 
 # %% auto #0
 __all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'NOISY_NAME', 'LONG_NAME', 'COMMITTED_MODELS', 'PIXRL_META',
-           'repo_root', 'cache_dir', 'git_state', 'package_versions', 'run_record', 'Timer', 'set_seed',
+           'RUN_LINES', 'RUN_STATUSES', 'REGISTRY_KEYS', 'MODEL_NAMES', 'CLAIM_KEYS', 'PROVISIONAL', 'RESULTS_BEGIN',
+           'RESULTS_END', 'repo_root', 'cache_dir', 'git_state', 'package_versions', 'run_record', 'Timer', 'set_seed',
            'CorruptRecord', 'write_text_atomic', 'read_json', 'rank', 'world_size', 'is_main_rank', 'end_process_group',
            'exit_launched_rank', 'params_digest', 'Accepts', 'setting', 'field_accepts', 'undeclared', 'accepted',
-           'check_fields']
+           'check_fields', 'check_run_entry', 'read_registry', 'run_status', 'notebook_outputs', 'check_claim',
+           'results_table', 'results_block', 'write_results', 'results_stale', 'cli_main']
 
 # %% ../nbs/99_core.ipynb #5141a9af
 IN_TEST = bool(os.environ.get("IN_TEST"))  # set by nbdev_test: shrink notebook defaults under it
@@ -328,3 +331,192 @@ def check_fields(cfg):
             raise ValueError(f"unknown {f.name} {value!r}; accepted: {', '.join(map(str, spec.choices))}")
         raise ValueError(f"{f.name}={value!r}{': ' + why if why else ''}; accepted: {spec.describe()}")
     return cfg
+
+# %% ../nbs/99_core.ipynb #cb578fc5
+RUN_LINES = ("pix", "mem", "offset", "evaluator", "infra")
+RUN_STATUSES = ("current", "historical", "superseded")
+REGISTRY_KEYS = ("name", "line", "status", "why", "command", "model")
+# the models a registry entry may name; pixrl-mem-* are pixrl.mem.model's (not imported here: core stays light)
+MODEL_NAMES = (TINY_NAME, TINY_VL_NAME, *COMMITTED_MODELS, "pixrl-mem-tiny", "pixrl-mem-base")
+_STAGE_MODEL = re.compile(r"(\S+) stage_\d+")
+
+def _one_line(value) -> bool:
+    "A non-empty str on one line."
+    return isinstance(value, str) and value.strip() != "" and "\n" not in value
+
+def check_run_entry(entry, where: str = "runs/registry.json") -> dict:
+    "One registry entry, refused with a ValueError naming it, the value and what is accepted; returns it."
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: entry {entry!r} is not an object; accepted: an object with keys {', '.join(REGISTRY_KEYS)}")
+    name = entry.get("name")
+    if not _one_line(name):
+        raise ValueError(f"{where}: entry {entry!r:.120} has name {name!r}; accepted: a notebook stem (a non-empty str)")
+    missing = [k for k in REGISTRY_KEYS if k not in entry]
+    unknown = sorted(set(entry) - set(REGISTRY_KEYS))
+    if missing or unknown:
+        raise ValueError(f"{where}: entry {name!r} lacks {missing} / has unknown keys {unknown}; "
+                         f"accepted: exactly {', '.join(REGISTRY_KEYS)}")
+    for key, choices in (("line", RUN_LINES), ("status", RUN_STATUSES)):
+        if entry[key] not in choices:
+            raise ValueError(f"{where}: entry {name!r}: unknown {key} {entry[key]!r}; accepted: {', '.join(choices)}")
+    for key in ("why", "command"):
+        if not _one_line(entry[key]):
+            raise ValueError(f"{where}: entry {name!r}: {key} {entry[key]!r}; accepted: a non-empty str on one line")
+    model = entry["model"]
+    if model is not None and model not in MODEL_NAMES and not (isinstance(model, str) and _STAGE_MODEL.fullmatch(model)):
+        raise ValueError(f"{where}: entry {name!r}: model {model!r}; accepted: None, one of "
+                         f"{', '.join(MODEL_NAMES)}, or '<run> stage_<k>'")
+    return entry
+
+# %% ../nbs/99_core.ipynb #07900103
+def read_registry(root=None) -> dict:
+    "`runs/registry.json` of the checkout `root` as {name: entry}, every entry checked (`check_run_entry`)."
+    root = Path(root or repo_root())
+    path = root / "runs" / "registry.json"
+    entries = read_json(path, "run registry")
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: {type(entries).__name__}; accepted: a list of entries")
+    notebooks = {p.stem for p in (root / "runs").glob("*.ipynb")}
+    out = {}
+    for k, entry in enumerate(entries):
+        check_run_entry(entry, str(path))
+        name = entry["name"]
+        if name in out:
+            raise ValueError(f"{path}: duplicate name {name!r} (entry {k}); accepted: one entry per notebook")
+        if name not in notebooks:
+            raise ValueError(f"{path}: {name!r} has no notebook runs/{name}.ipynb; accepted: a notebook under runs/")
+        out[name] = entry
+    for name, entry in out.items():
+        m = _STAGE_MODEL.fullmatch(entry["model"] or "")
+        if m and m.group(1) not in out:
+            raise ValueError(f"{path}: {name!r}: model {entry['model']!r} names run {m.group(1)!r}, which is not in "
+                             "the registry; accepted: '<registered run> stage_<k>'")
+    return out
+
+def run_status(name: str, root=None) -> str:
+    "The registry status of run `name`: current, historical or superseded."
+    registry = read_registry(root)
+    if name not in registry:
+        raise ValueError(f"run {name!r} is not in runs/registry.json; accepted: one of its {len(registry)} names")
+    return registry[name]["status"]
+
+# %% ../nbs/99_core.ipynb #e654f45c
+CLAIM_KEYS = ("question", "answer", "seeds", "run", "prints", "seed_claim")
+PROVISIONAL = "provisional (dirty tree)"
+
+def notebook_outputs(path) -> str:
+    "Every text a notebook's outputs show, in cell order: streams, plain text and markdown of results, errors."
+    texts = []
+    for cell in read_json(path, "notebook").get("cells", []):
+        for o in cell.get("outputs", []) or []:
+            kind = o.get("output_type")
+            if kind == "stream":
+                texts.append("".join(o.get("text", "")))
+            elif kind in ("execute_result", "display_data"):
+                texts += ["".join(o["data"][m]) for m in ("text/plain", "text/markdown") if o.get("data", {}).get(m)]
+            elif kind == "error":
+                texts.append(f"{o.get('ename')}: {o.get('evalue')}")
+    return "\n".join(texts)
+
+def check_claim(claim, registry: dict, root) -> dict:
+    "One claim of runs/claims.json, refused with a ValueError naming it unless its run may carry it and prints it."
+    if not isinstance(claim, dict) or sorted(claim) != sorted(CLAIM_KEYS):
+        raise ValueError(f"claim {claim!r}; accepted: an object with exactly the keys {', '.join(CLAIM_KEYS)}")
+    q = claim["question"]
+    for key in ("question", "answer", "run", "prints", "seed_claim"):
+        if not isinstance(claim[key], str) or not claim[key].strip():
+            raise ValueError(f"claim {q!r}: {key} {claim[key]!r}; accepted: a non-empty str")
+    if isinstance(claim["seeds"], bool) or not isinstance(claim["seeds"], int) or claim["seeds"] < 1:
+        raise ValueError(f"claim {q!r}: seeds {claim['seeds']!r}; accepted: an int >= 1")
+    if claim["seed_claim"].split(":")[0].strip() not in ("yes", "no", "n/a"):
+        raise ValueError(f"claim {q!r}: seed_claim {claim['seed_claim']!r}; accepted: 'yes: …', 'no: …' or 'n/a: …'")
+    entry = registry.get(claim["run"])
+    status = entry["status"] if entry else None
+    provisional = status == "superseded" and "dirty tree" in entry["why"] and claim["answer"].startswith(PROVISIONAL)
+    if status != "current" and not provisional:
+        raise ValueError(f"claim {q!r}: run {claim['run']!r} is {status or 'not in the registry'}; accepted: a current "
+                         f"run, or one superseded for a dirty tree with an answer that begins {PROVISIONAL!r}")
+    if claim["prints"] not in notebook_outputs(Path(root) / "runs" / f"{claim['run']}.ipynb"):
+        raise ValueError(f"claim {q!r}: runs/{claim['run']}.ipynb does not print {claim['prints']!r}; accepted: an exact "
+                         "substring of its printed outputs")
+    return claim
+
+# %% ../nbs/99_core.ipynb #df5cecfd
+RESULTS_BEGIN = "<!-- results:begin -->"
+RESULTS_END = "<!-- results:end -->"
+_RESULTS_HEAD = ("Generated by `pixrl results` from `runs/claims.json`: each claim's run is current in `runs/registry.json` "
+                 "(or superseded for a dirty tree, and then the answer says provisional) and prints the claim's numbers. "
+                 "Do not edit by hand.")
+
+def _cell(text) -> str:
+    "A markdown table cell: one line, `|` escaped."
+    return str(text).replace("\n", " ").replace("|", "\\|")
+
+def results_table(root=None) -> str:
+    "The markdown results table of `runs/claims.json`, every claim checked (`check_claim`)."
+    root = Path(root or repo_root())
+    registry = read_registry(root)
+    claims = read_json(root / "runs" / "claims.json", "claims")
+    if not isinstance(claims, list) or not claims:
+        raise ValueError(f"{root / 'runs' / 'claims.json'}: {claims!r:.80}; accepted: a non-empty list of claims")
+    rows = ["| question | answer (95% CI) | seeds | run | reproduces the seed's claim |", "|---|---|---|---|---|"]
+    for claim in claims:
+        c = check_claim(claim, registry, root)
+        cells = (c["question"], c["answer"], c["seeds"], f"`runs/{c['run']}.ipynb`", c["seed_claim"])
+        rows.append("| " + " | ".join(_cell(x) for x in cells) + " |")
+    return _RESULTS_HEAD + "\n\n" + "\n".join(rows) + "\n"
+
+def results_block(readme_text: str, where: str = "README.md") -> tuple:
+    "(start, end) of the text between the results markers; a ValueError unless each occurs once, in order."
+    begins = readme_text.count(RESULTS_BEGIN)
+    ends = readme_text.count(RESULTS_END)
+    start = readme_text.find(RESULTS_BEGIN) + len(RESULTS_BEGIN)
+    end = readme_text.find(RESULTS_END)
+    if begins != 1 or ends != 1 or end < start:
+        raise ValueError(f"{where} has {begins} {RESULTS_BEGIN!r} and {ends} {RESULTS_END!r}; accepted: each once, "
+                         "begin before end, around the place the results table goes")
+    return start, end
+
+# %% ../nbs/99_core.ipynb #f2610511
+def write_results(root=None) -> str:
+    """Write `results_table(root)` to runs/RESULTS.md and between the results markers of README.md (a ValueError if
+    README.md lacks them; runs/RESULTS.md is written first). Returns the table."""
+    root = Path(root or repo_root())
+    table = results_table(root)
+    write_text_atomic(root / "runs" / "RESULTS.md", table)
+    readme = root / "README.md"
+    text = readme.read_text()
+    start, end = results_block(text, str(readme))
+    write_text_atomic(readme, text[:start] + "\n" + table + text[end:])
+    return table
+
+def results_stale(root=None) -> list:
+    "The files whose results table differs from `results_table(root)` (empty: both up to date)."
+    root = Path(root or repo_root())
+    table = results_table(root)
+    md = root / "runs" / "RESULTS.md"
+    stale = [] if md.exists() and md.read_text() == table else ["runs/RESULTS.md"]
+    text = (root / "README.md").read_text()
+    start, end = results_block(text, "README.md")
+    return stale + ([] if text[start:end].strip() == table.strip() else ["README.md"])
+
+# %% ../nbs/99_core.ipynb #28abc77d
+def cli_main(argv=None) -> int:
+    "`pixrl results [--root DIR] [--check]`: write runs/RESULTS.md and README's results block, or check them."
+    import argparse
+    ap = argparse.ArgumentParser(prog="pixrl results", description="the results table of runs/claims.json")
+    ap.add_argument("--root", default=None, help="the checkout (default: this one)")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file is out of date")
+    args = ap.parse_args(argv)
+    try:
+        if args.check:
+            stale = results_stale(args.root)
+        else:
+            write_results(args.root)
+            stale = []
+    except ValueError as e:
+        print(f"pixrl results: {e}", file=sys.stderr)
+        return 2
+    for f in stale:
+        print(f"pixrl results: {f} is out of date; run `pixrl results`", file=sys.stderr)
+    return 1 if stale else 0

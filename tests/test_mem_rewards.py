@@ -1,4 +1,4 @@
-"""mem line: reward and advantage maths (task card M5.5, assertions a1–a6 and a8).
+"""mem line: reward and advantage maths (assertions a1–a6 and a8 of the mem specification, docs/mem.md §assertions).
 
 Each test has its own hand-computed fixture. a7 (α = 1 degenerates) and a9 (adapter loads) belong to the
 trainer/serving tests. Run: `pytest tests/test_mem_rewards.py -v`.
@@ -60,7 +60,7 @@ R_UPDATE = [[1.0, -1.0, 1.0], [-1.0], [1.0, 1.0]]
 TURN_WANT = [[2 / 3, -1.0, 0.0], [-4 / 3], [2 / 3, 1.0]]
 
 
-def _whole_batch_turn(r_update):  # the false pass of the task card: one baseline for the whole batch
+def _whole_batch_turn(r_update):  # the false pass (docs/mem.md §advantage): one baseline for the whole batch
     flat = np.concatenate([np.asarray(r) for r in r_update])
     return [np.asarray(r) - flat.mean() for r in r_update]
 

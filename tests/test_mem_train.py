@@ -1,4 +1,4 @@
-"""mem line — trainer checks (task card M5.5 a7 + bad input). a7 runs in `make test` (≈ 1–3 min on 2 cores)."""
+"""mem line — trainer checks (assertion a7, docs/mem.md §assertions, + bad input). a7 runs in `make test` (≈ 1–3 min on 2 cores)."""
 import math, multiprocessing as mp, time
 
 import numpy as np

@@ -1,5 +1,7 @@
 """The evidence log is honest: every executed notebook under `runs/` printed its run record, the record's commit is in
-this repository, no cell failed, and a run made on a dirty tree is listed as superseded in `runs/README.md`.
+this repository, no cell failed, every notebook has an entry in `runs/registry.json` (read by `pixrl.core.read_registry`)
+and a run made on a dirty tree is `superseded` there; the results table (`runs/claims.json` → `runs/RESULTS.md` and
+README.md's results block) quotes only what current runs print.
 
 What a notebook must show in its cell outputs:
 
@@ -12,10 +14,12 @@ What a notebook must show in its cell outputs:
   (or `runs/<name>/<name>.json`), which the notebook writes from the same timer;
 * no `error` output and no papermill "An Exception was encountered" marker.
 
-Exceptions are listed by name in `EXCEPTIONS`, each with its reason. Notebooks listed under `## Superseded` in
-`runs/README.md` (rows `| `name.ipynb` | reason |`) are the ones whose numbers are not clean evidence; every notebook
-whose record says `dirty: true`, or that has no record, must be there, with a reason that says so. A listed
-notebook whose record is clean must not give "dirty tree" as its reason (re-run clean → take it off the list).
+Exceptions are listed by name in `EXCEPTIONS`, each with its reason. Notebooks with `"status": "superseded"` in
+`runs/registry.json` are the ones whose numbers are not clean evidence; every notebook whose record says
+`dirty: true`, or that has no record, must be one, with a `why` that says so ("dirty tree" / "no run record"). A
+superseded notebook whose record is clean must not give "dirty tree" as its reason (re-run clean → change its status).
+The `## Superseded` table of `runs/README.md` (rows `| `name.ipynb` | reason |`), while it exists, lists the same
+notebooks.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from pixrl.core import notebook_outputs, read_json, read_registry, results_block, results_table
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "runs"
@@ -210,8 +216,13 @@ def record_problems(run: dict) -> list[str]:
     return probs
 
 
-def superseded(readme: Path = RUNS / "README.md") -> dict[str, str]:
-    "notebook stem -> reason, from the `## Superseded` table of runs/README.md."
+def superseded(root: Path = ROOT) -> dict[str, str]:
+    "notebook stem -> reason (its `why`), of the registry entries whose status is `superseded`."
+    return {name: e["why"] for name, e in read_registry(root).items() if e["status"] == "superseded"}
+
+
+def readme_superseded(readme: Path = RUNS / "README.md") -> dict[str, str]:
+    "notebook stem -> reason, from the `## Superseded` table of runs/README.md (empty when it has none)."
     text = readme.read_text()
     m = re.search(r"^## Superseded[^\n]*\n(.*?)(?=^## |\Z)", text, re.M | re.S)
     if m is None:
@@ -225,15 +236,16 @@ def superseded_problems(run: dict, listed: dict[str, str]) -> list[str]:
     why = listed.get(name)
     if rec is None:
         if why is None:
-            return [f"{name}.ipynb has no run record and is not listed under '## Superseded' in runs/README.md"]
+            return [f"{name}.ipynb has no run record and is not superseded in runs/registry.json"]
         return [] if "no run record" in why.lower() else [f"{name}.ipynb: its Superseded reason must say 'no run record'"]
     if rec.get("dirty") is True:
         if why is None:
             return [f"{name}.ipynb ran on a dirty tree (commit {str(rec.get('commit'))[:10]}): re-run it from a clean "
-                    "commit or list it under '## Superseded' in runs/README.md"]
+                    "commit or make it superseded in runs/registry.json (why: 'run on a dirty tree …')"]
         return [] if "dirty tree" in why.lower() else [f"{name}.ipynb: its Superseded reason must say 'dirty tree'"]
     if why is not None and "dirty tree" in why.lower():
-        return [f"{name}.ipynb is listed as superseded for a dirty tree, but its record is clean: take it off the list"]
+        return [f"{name}.ipynb is superseded for a dirty tree, but its record is clean: change its status in "
+                "runs/registry.json"]
     return []
 
 
@@ -297,13 +309,82 @@ def test_dirty_runs_are_superseded():
 
 def test_superseded_list_names_existing_notebooks():
     listed = superseded()
-    assert listed, "runs/README.md has no '## Superseded' table (| `name.ipynb` | reason |)"
+    assert listed, "runs/registry.json has no superseded entry"
     names = {p.stem for p in NOTEBOOKS}
     assert sorted(set(listed) - names) == []
     assert all(why.strip() for why in listed.values())
+
+
+def test_registry_has_every_notebook():
+    "One registry entry per runs/*.ipynb and no other (read_registry refuses a name without a notebook)."
+    registered = set(read_registry(ROOT))
+    assert sorted({p.stem for p in NOTEBOOKS} - registered) == [], "add these notebooks to runs/registry.json"
+    assert sorted(registered - {p.stem for p in NOTEBOOKS}) == []
+
+
+def test_readme_superseded_table_matches_registry():
+    "While runs/README.md keeps its '## Superseded' table, it names the registry's superseded notebooks."
+    table = readme_superseded()
+    if not table:
+        pytest.skip("runs/README.md has no '## Superseded' table")
+    assert sorted(table) == sorted(superseded())
+
+
+def test_claims_print_what_they_say():
+    "Every claim's `prints` is an exact substring of its notebook's printed outputs."
+    claims = read_json(RUNS / "claims.json", "claims")
+    missing = [(c["run"], c["prints"]) for c in claims if c["prints"] not in notebook_outputs(RUNS / f"{c['run']}.ipynb")]
+    assert missing == []
+
+
+def test_results_md_is_generated():
+    "runs/RESULTS.md is what `pixrl results` writes now (results_table refuses a claim a current run does not print)."
+    assert (RUNS / "RESULTS.md").read_text() == results_table(ROOT), "run `pixrl results`"
+
+
+def test_readme_results_block():
+    "README.md's block between the results markers is the same table."
+    text = (ROOT / "README.md").read_text()
+    if "<!-- results:begin -->" not in text:
+        pytest.skip("README.md has no results markers yet")
+    start, end = results_block(text)
+    assert text[start:end].strip() == results_table(ROOT).strip(), "run `pixrl results`"
 
 
 def test_exceptions_are_current():
     names = {p.stem for p in NOTEBOOKS}
     assert sorted(set(EXCEPTIONS) - names) == [], "EXCEPTIONS names a notebook that is not in runs/"
     assert all(e.get("why") for e in EXCEPTIONS.values())
+
+
+# ---------------------------------------------------------------- no reference outside the repository
+# Documents that live outside the repository must not be cited: what a citation meant is written into the
+# notebook's prose or into docs/ (e.g. docs/mem.md). The patterns are built from pieces so that this file does not
+# match itself and can be searched like any other.
+OUTSIDE_REFERENCES = [re.compile(p) for p in (r"DESIGN" + r"\.md", r"REFERENCE" + r"\.md", r"\.\." + r"/shared")]
+OUTSIDE_REFERENCES.append(re.compile(r"task" + r"\s+card", re.IGNORECASE))
+
+
+def _reference_search_texts():
+    "(where, text) of every searched source: notebook cell sources, package, tests, READMEs, runs/LOG.md, docs/."
+    for nb in sorted((ROOT / "nbs").glob("*.ipynb")):
+        for i, cell in enumerate(json.loads(nb.read_text(encoding="utf-8"))["cells"]):
+            src = cell.get("source", "")
+            yield f"{nb.relative_to(ROOT)} cell {i}", "".join(src) if isinstance(src, list) else src
+    paths = [*sorted((ROOT / "pixrl").rglob("*.py")), *sorted((ROOT / "tests").glob("*.py")),
+             ROOT / "README.md", RUNS / "README.md", RUNS / "LOG.md",
+             *sorted(p for p in (ROOT / "docs").rglob("*") if p.is_file())]
+    for p in paths:
+        if p.is_file():
+            yield str(p.relative_to(ROOT)), p.read_text(encoding="utf-8", errors="replace")
+
+
+def test_no_reference_outside_the_repository():
+    "No notebook, module, test, README, runs/LOG.md or docs/ page cites a design or reference file kept outside the repo."
+    hits = []
+    for where, text in _reference_search_texts():
+        for m in sorted((m for p in OUTSIDE_REFERENCES for m in p.finditer(text)), key=lambda m: m.start()):
+            n = text.count("\n", 0, m.start())
+            line = text.splitlines()[n] if text.splitlines() else ""
+            hits.append(f"{where} line {n + 1}: {m.group(0)!r} in {line.strip()[:160]!r}")
+    assert hits == [], "cites a document outside the repository (write it into the notebook or docs/):\n" + "\n".join(hits)

@@ -86,7 +86,8 @@ GPU_DEFAULTS = MemTrainConfig(
     val_temperature=1.0, val_top_p=0.7, max_prompt_tokens=8192, max_response_tokens=2048, chunk_words=5000,
     chunks_per_doc=(8, 32), val_every=10, val_questions=256, micro_batch_rows=8, backend="vllm", threads=1,
     turn_header=TURN_HEADER, answer_header=ANSWER_HEADER)
-GPU_DEFAULTS.__doc__ = "Task card M5.5 Table 3 (chunk 5000, prompt 8192, response 2048, clip 0.2, lr 1e-6, ...)."
+GPU_DEFAULTS.__doc__ = ("GRU-Mem Table 3, docs/mem.md §table-3 (chunk 5000, prompt 8192, response 2048, clip 0.2, "
+                        "lr 1e-6, warm-up 20, batch 128, rollout N 16, mini-batch 128, validation top_p 0.7).")
 
 # %% ../../nbs/22_mem_train.ipynb #86665131
 def cpu_corpus(cfg: MemTrainConfig = MemTrainConfig(), **overrides):
