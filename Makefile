@@ -53,11 +53,11 @@ gpu-check:
 gpu-wheels:
 	bash scripts/gpu_wheels.sh
 
-# Rebuild the committed bases (pixrl.base.BASE_BUILDS): pixrl-base (~55 min on 2 free cores), then pixrl-base-noisy
-# (pixrl-base continued on a noisy demonstrator, ~7 min) and pixrl-base-long, the campaigns' default (the same
-# continuation on scenes of every length, with an 800-token budget, ~7 min). Resumable: re-run after an
-# interruption and it continues from its last good checkpoint in $PIXRL_CACHE/base-work. Then record the printed
-# sha256s in data/models/SHA256SUMS.
+# Rebuild the committed bases (pixrl.base.BASE_BUILDS): pixrl-base (~51 min on 2 free cores: runs/base_model), then
+# pixrl-base-noisy (pixrl-base continued on a noisy demonstrator, ~5 min: runs/base_noisy_model) and pixrl-base-long,
+# the campaigns' default (the same continuation on scenes of every length, with an 800-token budget, ~6 min:
+# runs/base_long_model). Resumable: re-run after an interruption and it continues from its last good checkpoint in
+# $PIXRL_CACHE/base-work. Then record the printed sha256s in data/models/SHA256SUMS.
 base: setup
 	papermill nbs/base.ipynb runs/base_model.ipynb --cwd nbs
 	papermill nbs/base.ipynb runs/base_noisy_model.ipynb -p name pixrl-base-noisy --cwd nbs
@@ -71,12 +71,14 @@ base-noisy: setup
 base-long: setup
 	papermill nbs/base.ipynb runs/base_long_model.ipynb -p name pixrl-base-long --cwd nbs
 
-# Rebuild pixrl-mem-base, the mem line's default (pixrl.mem.model; ~40 min on 2 free cores; resumable from its last
-# good checkpoint in $PIXRL_CACHE/mem-base-work). Then record the printed sha256 in data/models/SHA256SUMS.
+# Rebuild pixrl-mem-base, the mem line's default (pixrl.mem.model; ~26 min on 2 free cores, pixrl-mem-tiny's size
+# pretrained alongside included: runs/mem_base_model; resumable from its last good checkpoint in
+# $PIXRL_CACHE/mem-base-work). Then record the printed sha256 in data/models/SHA256SUMS.
 mem-base: setup
 	papermill nbs/mem_base.ipynb runs/mem_base_model.ipynb --cwd nbs
 
-# The mem credit-assignment ablation on pixrl-mem-base: 3 arms x 3 seeds, resumable (finished arm-seeds are skipped).
+# The mem credit-assignment ablation on pixrl-mem-base: 4 arms (two_baseline at alpha 0.9 and 1.0, dedup at 0.9, gigpo)
+# x 3 seeds x 150 steps (~23 min: runs/mem_ablation), resumable (finished arm-seeds are skipped).
 mem-ablation: setup
 	papermill nbs/mem_ablation.ipynb runs/mem_ablation.ipynb --cwd nbs
 

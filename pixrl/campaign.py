@@ -4,8 +4,8 @@
 from __future__ import annotations
 import argparse, contextlib, dataclasses, hashlib, json, os, shutil, socket, subprocess, sys, time, uuid
 from pathlib import Path
-from .core import (LONG_NAME, Accepts, cache_dir, check_fields, exit_launched_rank, read_json, repo_root, set_seed,
-                        setting, world_size, write_text_atomic)
+from .core import (LONG_NAME, Accepts, cache_dir, check_fields, exit_launched_rank, read_json, recorded_run, repo_root,
+                        require_clean, set_seed, setting, world_size, write_text_atomic)
 from .reward import DEFAULT_REWARD, REWARD_POLICIES
 from .tracking import PROGRESS_FILE, REPORT_TO, ProgressDisplay, check_report_to, read_progress, tracker_env
 
@@ -14,9 +14,9 @@ __all__ = ['LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_S
            'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'SCALE_REWARDS', 'LOSS_TYPES', 'LATER_FIELDS', 'UNTRAINED', 'POLL_S',
            'Arm', 'Stage', 'RunPlan', 'build_plan', 'operating_point', 'gate_absolute', 'gate_relative', 'recipe',
            'CampaignConfig', 'validate', 'process_capacity', 'check_num_processes', 'load_state', 'save_state',
-           'ckpt_dir', 'init_state', 'stage_input', 'trl_settings', 'token_budget', 'run_preflight_stage',
-           'campaign_reward', 'canary_probe', 'stage_run_name', 'run_stage', 'stage_command', 'CampaignBusy',
-           'run_dir_lock', 'run_campaign', 'probe_points', 'cli_main']
+           'ckpt_dir', 'init_state', 'stage_input', 'trl_settings', 'token_budget', 'clean_tree_required',
+           'run_preflight_stage', 'campaign_reward', 'canary_probe', 'stage_run_name', 'run_stage', 'stage_command',
+           'CampaignBusy', 'run_dir_lock', 'run_campaign', 'probe_points', 'cli_main']
 
 # %% ../nbs/09_campaign.ipynb #7840ec06
 LEVELS = (0, 1, 2, 3, 4)
@@ -87,10 +87,18 @@ def _ladder(levels, sft_levels, steps: int, replay: float, sft_epochs: float, fi
         stages.append(Stage(f"rl-L{level}", "rl", level, steps=steps, replay_share=replay, canary_every=canary))
     return stages
 
-def build_plan(arm: str, steps_per_level: int = 20, replay_share: float | None = None, sft_levels=None,
-               sft_epochs: float = 2.0, fork_through: int | None = None, smoke: bool = False,
-               levels=LEVELS) -> RunPlan:
-    "The RunPlan of `arm` (a row of `ARMS`) under the given knobs; `None` knobs take the arm's default."
+def build_plan(arm: str, steps_per_level: int | None = None, replay_share: float | None = None, sft_levels=None,
+               sft_epochs: float | None = None, fork_through: int | None = None, smoke: bool | None = None,
+               levels=None) -> RunPlan:
+    """The RunPlan of `arm` (a row of `ARMS`) under the given knobs. `None` for `replay_share`, `sft_levels` and
+    `fork_through` takes the arm's default; for `steps_per_level`, `sft_epochs`, `smoke` and `levels` it takes
+    `CampaignConfig`'s (below, the single source of the defaults), so the plan built here is a default campaign's."""
+    if None in (steps_per_level, sft_epochs, smoke, levels):
+        from pixrl.campaign import CampaignConfig     # read at call time: the dataclass is defined after this function
+        steps_per_level = CampaignConfig.steps_per_level if steps_per_level is None else steps_per_level
+        sft_epochs = CampaignConfig.sft_epochs if sft_epochs is None else sft_epochs
+        smoke = CampaignConfig.smoke if smoke is None else smoke
+        levels = CampaignConfig.levels if levels is None else levels
     name = str(arm).upper()
     if name not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; accepted: {', '.join(ARMS)}")
@@ -175,8 +183,8 @@ def _as_levels(value):
 LATER_FIELDS = {"num_iterations": 1, "num_processes": 1, "sft_batch": 16}
 # fields that do not change what trains: where a campaign is written, how often it checkpoints, the preflight's
 # control size, where its step metrics are reported, how its rollouts are computed (fast_rollouts: the same
-# completions, runs/b_fast)
-UNTRAINED = ("runs_root", "name", "save_steps", "preflight_control_n", "report_to", "fast_rollouts")
+# completions, runs/b_fast), whether it may run on a dirty tree (allow_dirty: its record says so)
+UNTRAINED = ("runs_root", "name", "save_steps", "preflight_control_n", "report_to", "fast_rollouts", "allow_dirty")
 
 def recipe(config: dict) -> dict:
     """What trains, from a campaign's recorded config: every field but the UNTRAINED ones; a record older than a
@@ -226,6 +234,8 @@ class CampaignConfig:
     report_to: str = setting("none", choices=REPORT_TO, check=check_report_to)  # step-metric tracker (pixrl.tracking): none | trackio | tensorboard (its package installed), in <run_dir>/tracking/
     num_processes: int = setting(1, ge=1)                                       # processes of each GRPO and SFT stage (accelerate launch: gloo on CPU, NCCL on GPU); the batches stay as configured;
                                                                                 # at most the machine's CUDA devices (CPU: cores), a divisor of both batches (check_num_processes)
+    allow_dirty: bool = setting(False)                                          # run a recorded campaign (not smoke, run_dir in the checkout's runs/) on a dirty tree anyway; recorded as
+                                                                                # dirty: true, allow_dirty: true (False: refused first, naming the changed files); not in the fingerprint
 
     def __post_init__(self):
         if isinstance(self.arm, str):
@@ -238,13 +248,18 @@ class CampaignConfig:
     def run_dir(self) -> Path:
         return Path(self.runs_root) / (self.name or (self.arm.lower() + ("-smoke" if self.smoke else "")))
 
+    @property
+    def evidence_dir(self) -> Path | None:
+        "Where the campaign's evidence goes, for `pixrl.core.require_clean`: its run directory; None in smoke mode (no result)."
+        return None if self.smoke else self.run_dir
+
     def plan(self) -> RunPlan:
         return build_plan(self.arm, self.steps_per_level, self.replay_share, self.sft_levels, self.sft_epochs,
                           self.fork_through, self.smoke, self.levels)
 
     def fingerprint(self) -> str:
         """Identity of the campaign: every field that changes what trains (a later-added field at its neutral value is
-        left out; so are where it is written, how often it checkpoints, and where its metrics are reported)."""
+        left out; so are where it is written, how often it checkpoints, where its metrics are reported, allow_dirty)."""
         d = {k: v for k, v in dataclasses.asdict(self).items()
              if k not in UNTRAINED
              and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
@@ -398,9 +413,16 @@ def token_budget(policy, max_new_tokens: int | None) -> int:
     image_tokens = int(getattr(policy.model.config, "image_seq_length", 0) or 0) if policy.vision else 0
     return ctx - int(max_new_tokens or policy.max_new_tokens) - image_tokens
 
+def clean_tree_required(config: dict, run_dir) -> bool:
+    """Whether the preflight of the campaign `config` in `run_dir` requires a clean tree: a recorded campaign
+    (`pixrl.core.recorded_run`: not smoke, `run_dir` in the checkout's runs/) without allow_dirty (False in a state
+    written before the setting)."""
+    return recorded_run(None if config.get("smoke") else run_dir) and not config.get("allow_dirty", False)
+
 def run_preflight_stage(state: dict, run_dir: Path) -> dict:
     """The campaign's preflight (`pixrl.preflight`: data digests, git state, whitelist, token audit against
-    `token_budget`, ground-truth positive control) → `preflight.json`; raises `PreflightError` when a check fails."""
+    `token_budget`, ground-truth positive control; a clean tree when `clean_tree_required`) → `preflight.json`;
+    raises `PreflightError` when a check fails."""
     from pixrl.policy import load_policy
     from pixrl.preflight import run_preflight
     c = state["config"]
@@ -408,7 +430,7 @@ def run_preflight_stage(state: dict, run_dir: Path) -> dict:
     pol = load_policy(state["model_path"], thinking=op["thinking"])
     report = run_preflight(tokenizer=pol.tokenizer, prompt_spec=pol.prompt_spec, prompt_fn=pol.prompt,
                            max_prompt_tokens=token_budget(pol, op["max_new_tokens"]), splits=("train", "validation"),
-                           require_clean_git=False, positive_control_n=c.get("preflight_control_n", 40), seed=c["seed"])
+                           require_clean_git=clean_tree_required(c, run_dir), positive_control_n=c.get("preflight_control_n", 40), seed=c["seed"])
     write_text_atomic(Path(run_dir) / "preflight.json", json.dumps(report.to_json(), indent=1))
     report.raise_if_failed()
     return report.to_json()
@@ -613,6 +635,7 @@ def run_dir_lock(run_dir):
 def run_campaign(cfg: CampaignConfig, verbose: bool = True) -> dict:
     "Run (or resume) the campaign `cfg` under the run directory's lock; returns the final state."
     plan = validate(cfg)
+    require_clean(cfg.allow_dirty, cfg.evidence_dir)   # a recorded campaign on a dirty tree: refused before its run directory exists
     with run_dir_lock(cfg.run_dir):
         return _run_locked(cfg, plan, verbose)
 

@@ -13,12 +13,13 @@ from typing import Callable
 
 # %% auto #0
 __all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'NOISY_NAME', 'LONG_NAME', 'COMMITTED_MODELS', 'PIXRL_META',
-           'RUN_LINES', 'RUN_STATUSES', 'REGISTRY_KEYS', 'MODEL_NAMES', 'CLAIM_KEYS', 'PROVISIONAL', 'RESULTS_BEGIN',
-           'RESULTS_END', 'repo_root', 'cache_dir', 'git_state', 'package_versions', 'run_record', 'Timer', 'set_seed',
+           'EVIDENCE_DIRS', 'DIRTY_SHOWN', 'RUN_LINES', 'RUN_STATUSES', 'REGISTRY_KEYS', 'MODEL_NAMES', 'CLAIM_KEYS',
+           'PROVISIONAL', 'RESULTS_BEGIN', 'RESULTS_END', 'repo_root', 'cache_dir', 'dirty_files', 'git_state',
+           'package_versions', 'DirtyTree', 'recorded_run', 'require_clean', 'run_record', 'Timer', 'set_seed',
            'CorruptRecord', 'write_text_atomic', 'read_json', 'rank', 'world_size', 'is_main_rank', 'end_process_group',
            'exit_launched_rank', 'params_digest', 'Accepts', 'setting', 'field_accepts', 'undeclared', 'accepted',
-           'check_fields', 'check_run_entry', 'read_registry', 'run_status', 'notebook_outputs', 'check_claim',
-           'results_table', 'results_block', 'write_results', 'results_stale', 'cli_main']
+           'check_fields', 'check_run_entry', 'read_registry', 'run_status', 'notebook_outputs', 'notebook_record',
+           'check_claim', 'results_table', 'results_block', 'write_results', 'results_stale', 'cli_main']
 
 # %% ../nbs/99_core.ipynb #5141a9af
 IN_TEST = bool(os.environ.get("IN_TEST"))  # set by nbdev_test: shrink notebook defaults under it
@@ -48,20 +49,32 @@ def cache_dir(*parts: str) -> Path:
     return p
 
 # %% ../nbs/99_core.ipynb #af10617e
-def git_state(root: Path | None = None) -> dict:
-    "Commit and dirty flag (tracked changes outside `runs/`) of the checkout (`commit=None` outside a git repository)."
+EVIDENCE_DIRS = ("runs", "data")   # the checkout's folders of committed evidence: executed notebooks and run directories, models
+DIRTY_SHOWN = 5                    # changed files a refusal names; the rest are counted
+
+def dirty_files(root: Path | None = None) -> list | None:
+    "The tracked files with uncommitted changes outside `runs/`, as `git status` names them (None: no git or no checkout)."
     root = Path(root or repo_root())
-    def git(*a):
-        return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, timeout=30)
     try:
-        head = git("rev-parse", "HEAD")
+        res = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)runs"],
+                             cwd=root, capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        return None                              # no git binary (e.g. a bare GPU box)
+    if res.returncode != 0:
+        return None
+    # runs/ is excluded: a campaign rewrites its own tracked evidence notebook while it runs
+    return [line[3:] for line in res.stdout.splitlines() if line.strip()]
+
+def git_state(root: Path | None = None) -> dict:
+    "Commit and dirty flag (`dirty_files`: tracked changes outside `runs/`) of the checkout (`commit=None` outside a git repository)."
+    root = Path(root or repo_root())
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30)
     except FileNotFoundError:
         return {"commit": None, "dirty": None}   # no git binary (e.g. a bare GPU box)
     if head.returncode != 0:
         return {"commit": None, "dirty": None}
-    # runs/ is excluded: a campaign rewrites its own tracked evidence notebook while it runs
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)runs").stdout.strip() != ""
-    return {"commit": head.stdout.strip(), "dirty": dirty}
+    return {"commit": head.stdout.strip(), "dirty": bool(dirty_files(root))}
 
 _VERSIONED = ("torch", "transformers", "trl", "peft", "numpy", "scipy", "pandas", "papermill", "nbdev")
 
@@ -75,11 +88,45 @@ def package_versions(names=_VERSIONED) -> dict:
             out[n] = None
     return out
 
-def run_record(seed: int | None = None, data_digest: str | None = None, **extra) -> dict:
-    "What an evidence notebook records about itself: commit, dirty flag, versions, seed, data digest, start time."
-    return {**git_state(), "seed": seed, "data_digest": data_digest, "versions": package_versions(),
-            "python": sys.version.split()[0], "platform": platform.platform(),
+class DirtyTree(ValueError):
+    "A recorded run refused on a checkout with uncommitted changes to tracked files; the message names them."
+
+def recorded_run(evidence=None, root: Path | None = None) -> bool:
+    """Whether a run whose evidence goes to `evidence` (its run directory or record file) is a recorded run: not under
+    nbdev_test (`IN_TEST`), and `evidence` inside the checkout's runs/ or data/ (`EVIDENCE_DIRS`). A temporary directory,
+    the cache, or None (a record kept inside another run's, e.g. a library function's) is not."""
+    if IN_TEST or evidence is None:
+        return False
+    root = Path(root or repo_root()).resolve()
+    where = Path(evidence).resolve()
+    return any(where.is_relative_to(root / d) for d in EVIDENCE_DIRS)
+
+def require_clean(allow_dirty: bool = False, evidence=None, root: Path | None = None) -> dict:
+    """Refuse a recorded run (`recorded_run(evidence, root)`) on a dirty tree before anything runs: a `DirtyTree` that
+    names the first changed files and the two ways on. Returns `git_state` and `allow_dirty`, what the run records."""
+    if not isinstance(allow_dirty, bool):
+        raise ValueError(f"allow_dirty={allow_dirty!r}; accepted: True or False (papermill: -p allow_dirty True)")
+    state = git_state(root)
+    if not state["dirty"] or allow_dirty or not recorded_run(evidence, root):
+        return {**state, "allow_dirty": allow_dirty}
+    files = dirty_files(root) or []
+    shown = ", ".join(files[:DIRTY_SHOWN])
+    more = f" and {len(files) - DIRTY_SHOWN} more" if len(files) > DIRTY_SHOWN else ""
+    raise DirtyTree(f"refusing a recorded run (evidence: {evidence}) on a dirty tree: commit {state['commit'][:10]} has "
+                    f"uncommitted changes to {len(files)} tracked file(s) outside runs/: {shown}{more}. Commit them, so "
+                    "that the record names the code that ran, or run anyway with `-p allow_dirty True` (papermill; "
+                    "allow_dirty=True in Python): the record then says dirty: true, allow_dirty: true")
+
+def run_record(seed: int | None = None, data_digest: str | None = None, *, allow_dirty: bool = False, evidence=None,
+               **extra) -> dict:
+    """What an evidence notebook records about itself: commit, dirty flag, allow_dirty, versions, seed, data digest,
+    start time. `evidence`: where the run writes its evidence (its run directory or record file; a notebook whose
+    evidence is only itself: the runs folder it is written into); given, a recorded run on a dirty tree is refused
+    first (`require_clean`)."""
+    return {**require_clean(allow_dirty, evidence), "seed": seed, "data_digest": data_digest,
+            "versions": package_versions(), "python": sys.version.split()[0], "platform": platform.platform(),
             "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **extra}
+
 
 # %% ../nbs/99_core.ipynb #dfcb950a
 class Timer:
@@ -418,6 +465,40 @@ def notebook_outputs(path) -> str:
                 texts.append(f"{o.get('ename')}: {o.get('evalue')}")
     return "\n".join(texts)
 
+_RECORD_START = re.compile(r"""\{\s*["']commit["']\s*:""")
+_TABLE_ROW = re.compile(r"^\|\s*`?([A-Za-z_]+)`?\s*\|\s*`?([^|`]*?)`?\s*\|\s*$", re.M)
+
+def _printed_dicts(text: str):
+    "The dicts that begin with a `commit` key printed in `text`, as JSON or as a Python literal."
+    import ast
+    for m in _RECORD_START.finditer(text):
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(text, m.start())
+        except ValueError:
+            obj, end = None, text.find("}", m.start())
+            while obj is None and end != -1:
+                try:
+                    obj = ast.literal_eval(text[m.start():end + 1])
+                except (ValueError, SyntaxError, MemoryError, RecursionError):
+                    end = text.find("}", end + 1)
+        if isinstance(obj, dict):
+            yield obj
+
+def notebook_record(path) -> dict | None:
+    """The run record an executed notebook printed: the first dict with `commit` and `dirty` (JSON, a Python dict, or
+    a `| key | value |` markdown table with a commit row); None when it printed none."""
+    for cell in read_json(path, "notebook").get("cells", []):
+        for o in cell.get("outputs", []) or []:
+            texts = ["".join(o.get("text", ""))] + ["".join((o.get("data") or {}).get(m, "")) for m in ("text/plain", "text/markdown")]
+            for text in texts:
+                found = next((r for r in _printed_dicts(text) if "dirty" in r), None)
+                rows = dict(_TABLE_ROW.findall(text))
+                if found is None and "commit" in rows and "dirty" in rows:
+                    found = {k: {"true": True, "false": False}.get(v.lower(), v) for k, v in rows.items()}
+                if found is not None:
+                    return found
+    return None
+
 def check_claim(claim, registry: dict, root) -> dict:
     "One claim of runs/claims.json, refused with a ValueError naming it unless its run may carry it and prints it."
     if not isinstance(claim, dict) or sorted(claim) != sorted(CLAIM_KEYS):
@@ -436,7 +517,13 @@ def check_claim(claim, registry: dict, root) -> dict:
     if status != "current" and not provisional:
         raise ValueError(f"claim {q!r}: run {claim['run']!r} is {status or 'not in the registry'}; accepted: a current "
                          f"run, or one superseded for a dirty tree with an answer that begins {PROVISIONAL!r}")
-    if claim["prints"] not in notebook_outputs(Path(root) / "runs" / f"{claim['run']}.ipynb"):
+    notebook = Path(root) / "runs" / f"{claim['run']}.ipynb"
+    record = notebook_record(notebook) or {}
+    unclean = [f"{k}: true" for k in ("dirty", "allow_dirty") if record.get(k) is True]
+    if unclean and not claim["answer"].startswith(PROVISIONAL):
+        raise ValueError(f"claim {q!r}: the run record of runs/{claim['run']}.ipynb says {', '.join(unclean)}; accepted: "
+                         f"an answer that begins {PROVISIONAL!r}")
+    if claim["prints"] not in notebook_outputs(notebook):
         raise ValueError(f"claim {q!r}: runs/{claim['run']}.ipynb does not print {claim['prints']!r}; accepted: an exact "
                          "substring of its printed outputs")
     return claim

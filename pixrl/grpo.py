@@ -333,13 +333,22 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lor
     return {**out, "time_shares": time_shares(out["log_history"]), "n_rows": len(rows)}
 
 # %% ../nbs/07_grpo.ipynb #a27a1169
-def run_sft(model_dir: str, tasks: list, out_dir, *, epochs: float = 2.0, lr: float = 5e-4, lora_rank: int = 16,
-            batch_size: int = 16, seed: int = 0, save_steps: int = 20, max_steps: int = -1,
-            thinking: bool | None = None, callbacks: list = (), report_to: str = "none", project: str = "pixrl",
-            run_name: str | None = None) -> dict:
+def run_sft(model_dir: str, tasks: list, out_dir, *, epochs: float | None = None, lr: float | None = None,
+            lora_rank: int | None = None, batch_size: int | None = None, seed: int = 0, save_steps: int | None = None,
+            max_steps: int = -1, thinking: bool | None = None, callbacks: list = (), report_to: str = "none",
+            project: str = "pixrl", run_name: str | None = None) -> dict:
     """One SFT stage on `tasks`' ground-truth programs; resumable like `run_grpo` (callbacks and tracker too).
+    A knob left None is `CampaignConfig`'s default (the single source): `epochs` its `sft_epochs`, `lr` its `sft_lr`,
+    `lora_rank`, `batch_size` its `sft_batch`, `save_steps`.
     `batch_size` is the global batch: under `accelerate launch` each of the N ranks takes batch_size / N examples
     of every optimizer step (TRL's sampler shards the data), so 1 and N processes take the same optimizer steps."""
+    if None in (epochs, lr, lora_rank, batch_size, save_steps):
+        from pixrl.campaign import CampaignConfig     # read at call time (09_campaign)
+        epochs = CampaignConfig.sft_epochs if epochs is None else epochs
+        lr = CampaignConfig.sft_lr if lr is None else lr
+        lora_rank = CampaignConfig.lora_rank if lora_rank is None else lora_rank
+        batch_size = CampaignConfig.sft_batch if batch_size is None else batch_size
+        save_steps = CampaignConfig.save_steps if save_steps is None else save_steps
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = load_policy(model_dir, thinking=thinking)

@@ -12,15 +12,17 @@ from .evaluator import evaluate_many
 from .reward import rect_baseline, shaped_breakdown, extract_program, raw_iou, DEFAULT_REWARD, REWARD_POLICIES, SHAPED_POLICIES
 
 # %% auto #0
-__all__ = ['PROBE_PER_LEVEL', 'METRICS', 'probe_tasks', 'summarise', 'probe_table', 'run_probe', 'save_probe', 'probe_curve',
-           'plot_curve']
+__all__ = ['METRICS', 'probe_tasks', 'summarise', 'probe_table', 'run_probe', 'save_probe', 'probe_curve', 'plot_curve']
 
 # %% ../nbs/08_probe.ipynb #1fe4e9cb
-PROBE_PER_LEVEL = 16
 METRICS = ("exec_rate", "iou", "iou_n", "reward", "best_of_k_iou", "entropy")
 
-def probe_tasks(per_level: int = PROBE_PER_LEVEL, split: str = "validation") -> list:
-    "The fixed probe: the first `per_level` sorted ids of each level of `split` (80 tasks by default)."
+def probe_tasks(per_level: int | None = None, split: str = "validation") -> list:
+    """The fixed probe: the first `per_level` sorted ids of each level of `split`; None: `CampaignConfig.probe_per_level`
+    (the single source of the default: 16, 80 tasks)."""
+    if per_level is None:
+        from pixrl.campaign import CampaignConfig     # read at call time (09_campaign)
+        per_level = CampaignConfig.probe_per_level
     by_level = {L: sorted((t for t in load_split(split) if t.level == L), key=lambda t: t.id) for L in LEVELS}
     short = {L: len(v) for L, v in by_level.items() if len(v) < per_level}
     if short:
@@ -47,10 +49,14 @@ def probe_table(result: dict) -> pd.DataFrame:
     return pd.DataFrame(rows).T[["n_tasks", *METRICS]]
 
 # %% ../nbs/08_probe.ipynb #577c69ea
-def run_probe(policy, tasks: list | None = None, k: int = 4, temperature: float = 1.0, seed: int = 0,
+def run_probe(policy, tasks: list | None = None, k: int | None = None, temperature: float = 1.0, seed: int = 0,
               max_new_tokens: int | None = None, workers: int | None = None, reward: str = DEFAULT_REWARD) -> dict:
     """Probe `policy` on `tasks` (default: the fixed 80) — returns {per_level, overall, samples, config}; the `reward`
-    column is the reward policy `reward` (a campaign's own), `iou_n` is the same under every policy."""
+    column is the reward policy `reward` (a campaign's own), `iou_n` is the same under every policy. `k` samples per
+    task; None: `CampaignConfig.probe_k` (the single source of the default)."""
+    if k is None:
+        from pixrl.campaign import CampaignConfig     # read at call time (09_campaign)
+        k = CampaignConfig.probe_k
     if reward not in REWARD_POLICIES:
         raise ValueError(f"unknown reward policy {reward!r}; accepted: {REWARD_POLICIES}")
     tasks = probe_tasks() if tasks is None else list(tasks)

@@ -1,5 +1,7 @@
-"""Fixtures shared by several test files."""
+"""Fixtures and helpers shared by several test files."""
+import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,3 +30,12 @@ def min_seconds(fn, arg, repeat: int = 5) -> float:
 def best_time():
     "`min_seconds` (the fastest of `repeat` timings of fn(arg)) for the linear-time tests of parent-side text handling."
     return min_seconds
+
+
+def notebook_parameters(path) -> dict:
+    "The values the papermill `parameters` cell of the notebook at `path` assigns, in order (the cell run alone)."
+    nb = json.loads(Path(path).read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+    namespace = {}
+    exec("".join(cell["source"]), {}, namespace)
+    return {k: v for k, v in namespace.items() if not k.startswith("__")}    # not __annotations__

@@ -2,11 +2,11 @@
 field, bad values are refused with a message naming the field and the value, before any model is loaded; the
 defaults pass. Includes the red-team issue's 18 values that `validate` used to accept. No training, no model load."""
 import dataclasses
-import json
 from pathlib import Path
 
 import pytest
 
+from conftest import notebook_parameters
 from pixrl.campaign import CampaignConfig, validate, cli_main, _parser
 from pixrl.core import Accepts, check_fields, field_accepts, setting, undeclared
 from pixrl.mem.train import MemTrainConfig, GPU_DEFAULTS
@@ -60,6 +60,7 @@ CAMPAIGN_BAD = {
     "preflight_control_n": [0, "40"],
     "report_to": ["wandb", "", None],
     "num_processes": [0, -1, 1.5, True],
+    "allow_dirty": ["yes", 1, None],
 }
 
 MEM_BAD = {
@@ -207,11 +208,7 @@ def test_cli_values_reach_validate_typed(tmp_path, capsys):
 
 def test_train_notebook_parameters_mirror_the_config():
     "train.ipynb's papermill parameters are CampaignConfig's fields, in order, with its defaults (runs_root: ../runs)."
-    nb = json.loads((NBS / "train.ipynb").read_text())
-    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
-    namespace = {}
-    exec("".join(cell["source"]), {}, namespace)
-    params = {k: v for k, v in namespace.items() if not k.startswith("__")}    # not __annotations__
+    params = notebook_parameters(NBS / "train.ipynb")
     assert list(params) == [f.name for f in dataclasses.fields(CampaignConfig)]
     defaults = {**dataclasses.asdict(CampaignConfig()), "runs_root": "../runs"}
     assert params == defaults

@@ -14,12 +14,18 @@ RUNS = NBS.parent / "runs"
 def test_refuses_runs_of_different_recipes(tmp_path):
     with pytest.raises(pm.PapermillExecutionError, match="differ in more than seed"):
         pm.execute_notebook(str(NBS / "seed_gain.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS),
-                            parameters={"runs": "b_v3c,b_base"}, kernel_name="python3", progress_bar=False)
+                            parameters={"runs": "b_v3c,b_base", **ON_COMMITTED_RUNS}, kernel_name="python3", progress_bar=False)
+
+
+# A test that reads the committed runs/ (the default runs_root) passes allow_dirty: its executed notebook goes to
+# tmp_path, which the notebook cannot see, so it is no recorded run; one on copies under tmp_path needs nothing.
+ON_COMMITTED_RUNS = {"allow_dirty": True}
 
 
 def test_interval_is_the_deltas_seed_ci(tmp_path):
     out = tmp_path / "out.ipynb"
-    pm.execute_notebook(str(NBS / "seed_gain.ipynb"), str(out), cwd=str(NBS), kernel_name="python3", progress_bar=False)
+    pm.execute_notebook(str(NBS / "seed_gain.ipynb"), str(out), cwd=str(NBS), kernel_name="python3", progress_bar=False,
+                        parameters=ON_COMMITTED_RUNS)
     text = "".join("".join(o.get("text", "")) for c in json.loads(out.read_text())["cells"] for o in c.get("outputs", []))
     deltas = [json.loads((RUNS / n / "summary.json").read_text())["verdicts"]["iou"]["all"]["mean_diff"] for n in ("b_v3c", "b_seed1", "b_seed2")]
     ci = seed_ci(deltas)
@@ -67,4 +73,4 @@ def test_compare_to_is_the_per_seed_difference_of_gains(tmp_path):
 def test_compare_to_refuses_another_model_or_other_seeds(tmp_path, compare_to, match):
     with pytest.raises(pm.PapermillExecutionError, match=match):
         pm.execute_notebook(str(NBS / "seed_gain.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS),
-                            parameters={"compare_to": compare_to}, kernel_name="python3", progress_bar=False)
+                            parameters={"compare_to": compare_to, **ON_COMMITTED_RUNS}, kernel_name="python3", progress_bar=False)
