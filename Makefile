@@ -53,7 +53,7 @@ gpu-check:
 gpu-wheels:
 	bash scripts/gpu_wheels.sh
 
-# Rebuild the committed bases (pixrl.base.BASE_BUILDS): pixrl-base (~51 min on 2 free cores: runs/base_model), then
+# Rebuild the committed bases (pixrl.pix.base.BASE_BUILDS): pixrl-base (~51 min on 2 free cores: runs/base_model), then
 # pixrl-base-noisy (pixrl-base continued on a noisy demonstrator, ~5 min: runs/base_noisy_model) and pixrl-base-long,
 # the campaigns' default (the same continuation on scenes of every length, with an 800-token budget, ~6 min:
 # runs/base_long_model). Resumable: re-run after an interruption and it continues from its last good checkpoint in

@@ -51,7 +51,7 @@ def main(argv=None) -> int:
               f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); run it on a GPU machine", file=sys.stderr)
         return 2
     device_name = device_name or torch.cuda.get_device_name(0)
-    from pixrl.tiny import char_tokenizer, tiny_config, save_tiny
+    from pixrl.pix.tiny import char_tokenizer, tiny_config, save_tiny
     from transformers import Qwen2ForCausalLM
     from pixrl.core import set_seed
     work = Path(tempfile.mkdtemp(prefix="pixrl-gpu-check-"))
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     print(f"gpu-check: {device_name}; model {n_params / 1e6:.1f} M params (hidden {a.hidden}, "
           f"{a.layers} layers) at {mdir}")
     env = {**os.environ, "PIXRL_CACHE": str(work / "cache")}
-    cmd = [sys.executable, "-m", "pixrl.campaign", "run", "--arm", "B", "--model", str(mdir), "--runs-root",
+    cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "B", "--model", str(mdir), "--runs-root",
            str(work / "runs"), "--name", "gpu", "--smoke", "--levels", "0,1", "--probe-per-level", "4",
            "--probe-k", "4", "--groups-per-step", "4", "--lora-rank", "32", "--save-steps", "1"]
     t0 = time.time()

@@ -4,10 +4,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from pixrl.agent_loop import (EndpointError, EndpointPolicy, LoopConfig, STATUS_FEEDBACK, feedback,
+from pixrl.pix.agent_loop import (EndpointError, EndpointPolicy, LoopConfig, STATUS_FEEDBACK, feedback,
                               redact_numbers, run_agent_loop, revision_prompt)
-from pixrl.harvest import verify
-from pixrl.tasks import load_split
+from pixrl.pix.harvest import verify
+from pixrl.pix.tasks import load_split
 
 
 def _no_digit(text):
@@ -216,9 +216,9 @@ def test_loop_over_endpoint_end_to_end(server):
 
 
 def test_loop_in_process_pixrl_tiny_is_deterministic():
-    "The real in-process policy path (pixrl-tiny via pixrl.policy.load_policy): same seed, same record."
+    "The real in-process policy path (pixrl-tiny via pixrl.pix.policy.load_policy): same seed, same record."
     import torch
-    from pixrl.policy import load_policy
+    from pixrl.pix.policy import load_policy
     pol = load_policy("pixrl-tiny")
     tasks = load_split("test")[:1]
     threads = torch.get_num_threads()
@@ -237,8 +237,8 @@ def test_loop_in_process_pixrl_tiny_is_deterministic():
 
 
 def test_cli_against_endpoint_and_dead_endpoint(server, tmp_path, capsys):
-    "`python -m pixrl.agent_loop --base-url ...`: writes a strict-JSON record; a dead server is exit 2 with a message."
-    from pixrl.agent_loop import cli_main
+    "`python -m pixrl.pix.agent_loop --base-url ...`: writes a strict-JSON record; a dead server is exit 2 with a message."
+    from pixrl.pix.agent_loop import cli_main
     _Handler.mode = "ok"
     out = tmp_path / "loop.json"
     tid = load_split("test")[0].id

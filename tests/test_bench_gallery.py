@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from pixrl.bench import (BENCH_FAMILIES, BENCH_PER_FAMILY, benchmark_tasks, load_record, run_benchmark,
+from pixrl.pix.bench import (BENCH_FAMILIES, BENCH_PER_FAMILY, benchmark_tasks, load_record, run_benchmark,
                          summarise)
-from pixrl.gallery import GalleryError, gallery_png, save_gallery
-from pixrl.tasks import load_split
+from pixrl.pix.gallery import GalleryError, gallery_png, save_gallery
+from pixrl.pix.tasks import load_split
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "runs" / "bench_base"
@@ -42,7 +42,7 @@ def test_run_benchmark_refuses_non_test_tasks():
 
 def test_committed_base_record_is_consistent():
     rec = load_record(BASE / "bench.json")
-    assert rec["kind"] == "pixrl.bench" and rec["config"]["task_ids"] == [t.id for t in benchmark_tasks()]
+    assert rec["kind"] == "pixrl.pix.bench" and rec["config"]["task_ids"] == [t.id for t in benchmark_tasks()]
     again = summarise(rec["tasks"])
     assert again["overall"] == rec["overall"] and again["per_family"] == rec["per_family"]
     assert all(len(r["samples"]) == rec["config"]["n"] for r in rec["tasks"])
@@ -60,8 +60,8 @@ def test_gallery_regenerates_byte_identically_from_committed_record(tmp_path, re
 
 def _gt_record():
     "A one-task record from the committed base record whose champion is the verified ground-truth program."
-    from pixrl.harvest import verify
-    from pixrl.tasks import get_task
+    from pixrl.pix.harvest import verify
+    from pixrl.pix.tasks import get_task
     rec = load_record(BASE / "bench.json")
     row = copy.deepcopy(rec["tasks"][0])
     task = get_task(row["task_id"])

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from conftest import notebook_parameters
-from pixrl.campaign import CampaignConfig, validate, cli_main, _parser
+from pixrl.pix.campaign import CampaignConfig, validate, cli_main, _parser
 from pixrl.core import Accepts, check_fields, field_accepts, setting, undeclared
 from pixrl.mem.train import MemTrainConfig, GPU_DEFAULTS
-from pixrl.reward import REWARD_POLICIES
+from pixrl.pix.reward import REWARD_POLICIES
 
 NAN, INF = float("nan"), float("inf")
 NBS = Path(__file__).parents[1] / "nbs"

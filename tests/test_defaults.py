@@ -13,18 +13,18 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import notebook_parameters
-from pixrl.campaign import ARMS, CampaignConfig, _parser, build_plan
+from pixrl.pix.campaign import ARMS, CampaignConfig, _parser, build_plan
 
 NBS = Path(__file__).parents[1] / "nbs"
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(CampaignConfig)}
 GRPO_FIELD = {"num_generations": "rollouts"}     # grpo_config's name -> the CampaignConfig field, where they differ
-MODULES = ("pixrl.campaign", "pixrl.grpo", "pixrl.probe", "pixrl.harvest", "pixrl.cli", "pixrl.preflight")
+MODULES = ("pixrl.pix.campaign", "pixrl.pix.grpo", "pixrl.pix.probe", "pixrl.pix.harvest", "pixrl.cli", "pixrl.pix.preflight")
 # keyword parameters named like a field whose default is a different thing on purpose: (function, parameter) -> why
 NOT_THE_CAMPAIGN_KNOB = {
-    ("pixrl.grpo.run_grpo", "replay_share"): "the stage's resolved share (0.0: no replay), not the arm-default knob",
-    ("pixrl.probe.run_probe", "temperature"): "the probe samples at T 1 in every campaign; the field is the rollouts' T",
-    ("pixrl.harvest.harvest", "temperature"): "the harvest's sampling temperature, not the GRPO rollouts'",
-    ("pixrl.harvest.sample_and_verify", "temperature"): "the harvest's and the benchmark's sampling, not the rollouts'",
+    ("pixrl.pix.grpo.run_grpo", "replay_share"): "the stage's resolved share (0.0: no replay), not the arm-default knob",
+    ("pixrl.pix.probe.run_probe", "temperature"): "the probe samples at T 1 in every campaign; the field is the rollouts' T",
+    ("pixrl.pix.harvest.harvest", "temperature"): "the harvest's sampling temperature, not the GRPO rollouts'",
+    ("pixrl.pix.harvest.sample_and_verify", "temperature"): "the harvest's and the benchmark's sampling, not the rollouts'",
 }
 
 
@@ -62,7 +62,7 @@ class Captured(Exception):
 
 def run_sft_knobs(monkeypatch, tmp_path) -> dict:
     "The SFT knobs `run_sft` resolves when given none, as CampaignConfig fields (the trainer is a stand-in: nothing trains)."
-    import pixrl.grpo as grpo
+    import pixrl.pix.grpo as grpo
     monkeypatch.setattr(grpo, "load_policy", lambda *a, **kw: SimpleNamespace(model=None, processor=None, tokenizer=None))
     monkeypatch.setattr(grpo, "sft_dataset", lambda policy, tasks: None)
     monkeypatch.setattr(grpo, "SFTConfig", lambda **kw: kw)
@@ -80,7 +80,7 @@ def run_sft_knobs(monkeypatch, tmp_path) -> dict:
 
 def run_probe_k() -> int:
     "The samples per task `run_probe` draws when given no `k` (the policy is a stand-in that stops at sampling)."
-    from pixrl.probe import run_probe
+    from pixrl.pix.probe import run_probe
 
     class Policy:
         def prompt(self, task):
@@ -122,7 +122,7 @@ def test_build_plan_reads_the_config_at_call_time(monkeypatch):
 def test_named_keyword_defaults_are_the_config():
     "A keyword parameter named like a field defaults to None (read from the config) or to the field's own default."
     found = named_knob_defaults()
-    assert ("pixrl.campaign.gate_relative", "exec_slack") in found          # the scan sees the modules' functions
+    assert ("pixrl.pix.campaign.gate_relative", "exec_slack") in found          # the scan sees the modules' functions
     kept = {key: v for key, v in found.items() if key not in NOT_THE_CAMPAIGN_KNOB}
     wrong = {key: (v, DEFAULTS[key[1]]) for key, v in kept.items() if drift({key[1]: v}) != {}}
     assert wrong == {}
@@ -134,15 +134,15 @@ def test_run_sft_defaults_are_the_config(monkeypatch, tmp_path):
 
 
 def test_probe_defaults_are_the_config():
-    from pixrl.probe import probe_tasks
-    from pixrl.tasks import LEVELS
+    from pixrl.pix.probe import probe_tasks
+    from pixrl.pix.tasks import LEVELS
     assert drift({"probe_k": run_probe_k()}) == {}
     assert drift({"probe_per_level": len(probe_tasks()) // len(LEVELS)}) == {}
 
 
 def test_preflight_control_default_is_the_config():
     "13_preflight's sample size of the ground-truth positive control (typed there; asserted equal here)."
-    from pixrl.preflight import check_positive_control, control_sample, run_preflight
+    from pixrl.pix.preflight import check_positive_control, control_sample, run_preflight
     values = [inspect.signature(control_sample).parameters["n"].default,
               inspect.signature(check_positive_control).parameters["n"].default,
               inspect.signature(run_preflight).parameters["positive_control_n"].default]
@@ -150,9 +150,9 @@ def test_preflight_control_default_is_the_config():
 
 
 def test_cli_defaults_are_the_config():
-    "`pixrl campaign run` (pixrl.cli dispatches to pixrl.campaign.cli_main, which parses with _parser): one flag per field."
+    "`pixrl campaign run` (pixrl.cli dispatches to pixrl.pix.campaign.cli_main, which parses with _parser): one flag per field."
     from pixrl.cli import COMMANDS
-    assert COMMANDS["campaign"][0] == "pixrl.campaign"
+    assert COMMANDS["campaign"][0] == "pixrl.pix.campaign"
     args = vars(_parser().parse_args(["run"]))
     assert set(args) - {"cmd"} == set(DEFAULTS)
     assert drift({k: v for k, v in args.items() if k != "cmd"}) == {}
@@ -170,7 +170,7 @@ def test_train_notebook_defaults_are_the_config():
 
 def test_grpo_knobs_are_the_config():
     "GRPO_KNOBS holds every knob grpo_config requires (max_new_tokens apart), each at CampaignConfig's default."
-    from pixrl.grpo import grpo_config
+    from pixrl.pix.grpo import grpo_config
     knobs = grpo_knobs()
     required = {GRPO_FIELD.get(p.name, p.name) for p in inspect.signature(grpo_config).parameters.values()
                 if p.kind is p.KEYWORD_ONLY and p.default is p.empty}
@@ -198,7 +198,7 @@ def test_drift_is_caught(monkeypatch, tmp_path):
     # a typed default in a library function named like a field
     def typed(policy, tasks=None, probe_k=3):
         "A probe whose k is typed in its signature, not read from the config."
-    typed.__module__ = "pixrl.probe"
-    monkeypatch.setattr("pixrl.probe.typed_probe", typed, raising=False)
+    typed.__module__ = "pixrl.pix.probe"
+    monkeypatch.setattr("pixrl.pix.probe.typed_probe", typed, raising=False)
     found = named_knob_defaults()
-    assert drift({"probe_k": found[("pixrl.probe.typed_probe", "probe_k")]}) == {"probe_k": (3, CampaignConfig.probe_k)}
+    assert drift({"probe_k": found[("pixrl.pix.probe.typed_probe", "probe_k")]}) == {"probe_k": (3, CampaignConfig.probe_k)}

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import pixrl.core as core
-from pixrl import campaign
-from pixrl.campaign import CampaignConfig, clean_tree_required, recipe, validate
+from pixrl.pix import campaign
+from pixrl.pix.campaign import CampaignConfig, clean_tree_required, recipe, validate
 from pixrl.core import DirtyTree, PROVISIONAL, recorded_run, require_clean, results_table, run_record
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,14 +10,14 @@ shard of every batch (sft_batch / num_processes examples), and the ranks end wit
 The mem trainer's 2-process run is in tests/test_mem_distributed.py. Not covered here: GPUs/NCCL, DeepSpeed, vLLM."""
 import json, os, subprocess, sys
 import pytest
-from pixrl.campaign import CampaignConfig, validate, process_capacity
+from pixrl.pix.campaign import CampaignConfig, validate, process_capacity
 from pixrl.stats import paired_bootstrap, per_task_means
 
 GROUPS, ROLLOUTS, STEPS = 2, 4, 2
 
 
 def _cmd(root, name, num_processes, arm="B"):
-    return [sys.executable, "-m", "pixrl.campaign", "run", "--arm", arm, "--model", "pixrl-tiny", "--runs-root",
+    return [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", arm, "--model", "pixrl-tiny", "--runs-root",
             str(root), "--name", name, "--levels", "0", "--steps-per-level", str(STEPS), "--probe-per-level", "2",
             "--probe-k", "2", "--groups-per-step", str(GROUPS), "--rollouts", str(ROLLOUTS), "--max-new-tokens", "48",
             "--lora-rank", "8", "--preflight-control-n", "10", "--num-processes", str(num_processes)]

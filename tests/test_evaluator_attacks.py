@@ -1,4 +1,4 @@
-"""Attack suite for pixrl.evaluator: hostile programs through the full gate + sandbox path, and
+"""Attack suite for pixrl.pix.evaluator: hostile programs through the full gate + sandbox path, and
 the sandbox layer on its own (un-gated, real builtins) so that rlimits, uid drop, chroot,
 timeouts and output caps are proven rather than assumed.
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pixrl import evaluator as ev
-from pixrl import geometry, sandbox, tasks, worker
-from pixrl.evaluator import Limits, Status
+from pixrl.pix import evaluator as ev
+from pixrl.pix import geometry, sandbox, tasks, worker
+from pixrl.pix.evaluator import Limits, Status
 
 LIM = Limits(timeout_s=2.0)            # short wall timeout keeps the suite fast (2 s: margin on a loaded box)
 MARK = f"pixrl_attack_{os.getpid()}"   # every file/dir an attack tries to create carries this tag
@@ -329,7 +329,7 @@ def test_svg_accepted_means_executed():
 
 def test_lone_surrogates_are_statuses():
     "Any text a model can emit is a status, never an exception that loses the batch's rewards."
-    from pixrl import reward as rw
+    from pixrl.pix import reward as rw
     good_svg = SVG_HEAD + '<rect x="10" y="20" width="15" height="50"/></svg>'
     bad = [SVG_HEAD + '<rect x="1" y="1" width="9" height="9" id="\ud800"/></svg>', SVG_HEAD + "\udc80</svg>"]
     for src in bad:
@@ -545,7 +545,7 @@ def test_strings_only_where_nothing_reads_them():
 
 def test_no_ground_truth_or_band_program_is_rejected():
     "The drawing language needs no text: every committed task program and band program of every split passes the gate."
-    from pixrl.base import band_program
+    from pixrl.pix.base import band_program
     n = 0
     for split in ("train", "validation", "test"):
         for task in tasks.load_split(split):

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from pixrl import tasks
-from pixrl.evaluator import Status, evaluate_many
-from pixrl.reward import rect_baseline, rect_baseline_program, shaped_breakdown, shaped_v3b
+from pixrl.pix import tasks
+from pixrl.pix.evaluator import Status, evaluate_many
+from pixrl.pix.reward import rect_baseline, rect_baseline_program, shaped_breakdown, shaped_v3b
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Units of pixrl.evaluator / pixrl.reward: pinned constants, hand-computed metric fixtures,
+"""Units of pixrl.pix.evaluator / pixrl.pix.reward: pinned constants, hand-computed metric fixtures,
 vectorised metrics vs a plain-loop reference, strict JSON, and bad input (clear errors or
 statuses, never an exception that would take down a training step)."""
 import json
@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from pixrl import evaluator as ev
-from pixrl import geometry, metrics, reward as rw, sandbox, tasks
-from pixrl.evaluator import EvalResult, Limits, Status
+from pixrl.pix import evaluator as ev
+from pixrl.pix import geometry, metrics, reward as rw, sandbox, tasks
+from pixrl.pix.evaluator import EvalResult, Limits, Status
 
 
 class FixtureTask:

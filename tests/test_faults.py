@@ -12,7 +12,7 @@ STEPS = 4
 
 
 def _cmd(root, name):
-    return [sys.executable, "-m", "pixrl.campaign", "run", "--arm", "B", "--runs-root", str(root), "--name", name,
+    return [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "B", "--runs-root", str(root), "--name", name,
             "--levels", "0", "--steps-per-level", str(STEPS), "--probe-per-level", "2", "--probe-k", "2",
             "--groups-per-step", "1", "--max-new-tokens", "48", "--lora-rank", "8", "--save-steps", "1",
             "--preflight-control-n", "4"]
@@ -189,7 +189,7 @@ def test_truncated_record_is_refused(world, tmp_path, record):
     f = rd / record
     f.write_text(f.read_text()[: len(f.read_text()) // 2])
     if record == "probe_0.json":
-        from pixrl.campaign import load_state, probe_points
+        from pixrl.pix.campaign import load_state, probe_points
         from pixrl.core import CorruptRecord
         with pytest.raises(CorruptRecord, match=str(f)):
             probe_points(load_state(rd), rd)

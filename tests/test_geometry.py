@@ -1,10 +1,10 @@
-"""pixrl.geometry: area, convergence, cut, winding, orientation, errors, hashing (foundation area)."""
+"""pixrl.pix.geometry: area, convergence, cut, winding, orientation, errors, hashing (foundation area)."""
 import math
 
 import numpy as np
 import pytest
 
-from pixrl.geometry import (API_REGISTRY, MATH_NAMES, SAFE_BUILTINS, Grid, RenderError, Scene,
+from pixrl.pix.geometry import (API_REGISTRY, MATH_NAMES, SAFE_BUILTINS, Grid, RenderError, Scene,
                             allowed_names, check_footprint, drawing_namespace, mask_sha256, rasterize,
                             render)
 

@@ -1,4 +1,4 @@
-"""pixrl.grpo: the advantage TRL trains with equals `pixrl.advantage.group_advantage` for the same rewards, under
+"""pixrl.pix.grpo: the advantage TRL trains with equals `pixrl.advantage.group_advantage` for the same rewards, under
 every `scale_rewards` a campaign can choose; the loss settings a campaign names reach TRL's config."""
 import tempfile
 
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from pixrl.advantage import group_advantage
-from pixrl.campaign import CampaignConfig, SCALE_REWARDS
-import pixrl.grpo
-from pixrl.grpo import PixGRPOTrainer, grpo_config, lora_config, rl_dataset
-from pixrl.policy import load_policy
-from pixrl.tasks import load_split
+from pixrl.pix.campaign import CampaignConfig, SCALE_REWARDS
+import pixrl.pix.grpo
+from pixrl.pix.grpo import PixGRPOTrainer, grpo_config, lora_config, rl_dataset
+from pixrl.pix.policy import load_policy
+from pixrl.pix.tasks import load_split
 
 G = 4
 REWARDS = [0.05, 0.9, 0.3, 0.3,   0.0, 0.0, 0.0, 1.0,   0.5, 0.5, 0.5, 0.5]   # 3 groups of G; the last has zero std
@@ -68,7 +68,7 @@ def test_fast_rollouts_generate_from_a_merged_copy_and_train_the_adapter(tmp_pat
     policy = load_policy("pixrl-tiny")
     tasks = [t for t in load_split("train") if t.level == 0][:2]
     copies, peft_generates = [], []
-    real = pixrl.grpo.merged_copy
+    real = pixrl.pix.grpo.merged_copy
 
     peft_forwards = []                                   # forward calls of one of the peft model's LoRA layers
 
@@ -86,7 +86,7 @@ def test_fast_rollouts_generate_from_a_merged_copy_and_train_the_adapter(tmp_pat
         copies.append((m, calls))
         return m
 
-    monkeypatch.setattr(pixrl.grpo, "merged_copy", spy)
+    monkeypatch.setattr(pixrl.pix.grpo, "merged_copy", spy)
     args = grpo_config(tmp_path, 2, **_knobs(CampaignConfig(), groups_per_step=2))
     tr = PixGRPOTrainer(model=policy.model, reward_funcs=lambda completions=None, **kw: [float(sum(map(ord, c)) % 7) for c in completions],
                         args=args, train_dataset=rl_dataset(policy, tasks), processing_class=policy.tokenizer,
@@ -113,7 +113,7 @@ def test_fast_rollouts_off_generates_from_the_peft_model(tmp_path, monkeypatch):
     policy = load_policy("pixrl-tiny")
     tasks = [t for t in load_split("train") if t.level == 0][:2]
     copies = []
-    monkeypatch.setattr(pixrl.grpo, "merged_copy", lambda m: copies.append(m) or m)
+    monkeypatch.setattr(pixrl.pix.grpo, "merged_copy", lambda m: copies.append(m) or m)
     args = grpo_config(tmp_path, 1, **_knobs(CampaignConfig(), groups_per_step=2))
     tr = PixGRPOTrainer(model=policy.model, reward_funcs=lambda completions=None, **kw: [0.0] * len(completions),
                         args=args, train_dataset=rl_dataset(policy, tasks), processing_class=policy.tokenizer,

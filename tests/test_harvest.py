@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from pixrl.harvest import (apply_winner_labels, harvest, load_winner_tasks, load_winners, save_winners,
+from pixrl.pix.harvest import (apply_winner_labels, harvest, load_winner_tasks, load_winners, save_winners,
                            select_winners, train_tasks_only)
-from pixrl.tasks import load_split
+from pixrl.pix.tasks import load_split
 
 
 class ScriptedPolicy:
@@ -102,11 +102,11 @@ def test_train_tasks_only_accepts_train():
 
 
 def test_winner_label_sft_end_to_end_cpu_default(tmp_path):
-    """harvest -> winners -> saved corpus -> apply_winner_labels -> the pix SFT path (pixrl.grpo.run_sft) on
+    """harvest -> winners -> saved corpus -> apply_winner_labels -> the pix SFT path (pixrl.pix.grpo.run_sft) on
     pixrl-tiny: the SFT rows carry the WINNER programs, training runs, and the result loads as a policy.
     (The winners here come from a scripted sampler so the corpus is non-empty whatever pixrl-tiny's weights.)"""
-    from pixrl.grpo import run_sft, sft_dataset
-    from pixrl.policy import format_answer, load_policy, resolve_model
+    from pixrl.pix.grpo import run_sft, sft_dataset
+    from pixrl.pix.policy import format_answer, load_policy, resolve_model
     train = [t for t in load_split("train") if t.level == 0][:4]
 
     class Shifted(ScriptedPolicy):  # the winner is a reformatted GT program (distinct from the canon label)

@@ -30,7 +30,7 @@ SMALL_BASE = dict(steps=2, batch_size=2, hidden=32, layers=1, heads=2, kv_heads=
 
 
 def test_resume_training_refuses_a_planted_checkpoint(tmp_path, one_torch_thread):
-    from pixrl.base import BaseConfig, resume_training, save_checkpoint
+    from pixrl.pix.base import BaseConfig, resume_training, save_checkpoint
     cfg = dataclasses.asdict(BaseConfig(**SMALL_BASE))
     marker = tmp_path / "payload-ran"
     # the writer of a checkpoint writes its .sha256 too: the planted file passes the digest check
@@ -46,7 +46,7 @@ def test_resume_training_refuses_a_planted_checkpoint(tmp_path, one_torch_thread
 
 def test_resume_training_still_resumes(tmp_path, one_torch_thread):
     "The checkpoints train_base writes (optimizer, scheduler, torch RNG, log, config) load with weights_only=True."
-    from pixrl.base import BaseConfig, train_base
+    from pixrl.pix.base import BaseConfig, train_base
     cfg = BaseConfig(**SMALL_BASE)
     train_base(cfg, tmp_path / "w", stop_after=1)
     _, _, log, info = train_base(cfg, tmp_path / "w")
@@ -94,7 +94,7 @@ def release(tmp_path_factory):
     "A release (make_release) of a tiny random LoRA adapter, its merged/ a copy of pixrl-tiny (a prompt spec to edit)."
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2ForCausalLM
-    from pixrl.policy import resolve_model
+    from pixrl.pix.policy import resolve_model
     from pixrl.release import make_release
     d = tmp_path_factory.mktemp("release")
     tiny = Path(resolve_model("pixrl-tiny"))
@@ -105,7 +105,7 @@ def release(tmp_path_factory):
 
 
 def _loaders(rel: Path):
-    from pixrl.policy import load_policy
+    from pixrl.pix.policy import load_policy
     from pixrl.serve import cli_main, load_version, server_command
     return {"load_policy": lambda: load_policy(rel / "merged", device="cpu"),
             "load_version": lambda: load_version(rel),
@@ -115,7 +115,7 @@ def _loaders(rel: Path):
 
 @pytest.mark.parametrize("what", ["merged/model.safetensors", "merged/pixrl.json"])
 def test_tampered_release_is_refused(release, tmp_path, what, capsys):
-    from pixrl.policy import resolve_model
+    from pixrl.pix.policy import resolve_model
     from pixrl.release import sha256_file
     rel = tmp_path / "rel"
     shutil.copytree(release, rel)
@@ -139,7 +139,7 @@ def test_tampered_release_is_refused(release, tmp_path, what, capsys):
 
 
 def test_release_with_an_added_or_missing_file_is_refused(release, tmp_path):
-    from pixrl.policy import load_policy
+    from pixrl.pix.policy import load_policy
     rel = tmp_path / "rel"
     shutil.copytree(release, rel)
     (rel / "merged" / "model-00002-of-00002.safetensors").write_bytes(b"planted")
@@ -172,7 +172,7 @@ CONTEXT = 16384   # so long that no CPU generates the whole budget inside the te
 def endless_export(tmp_path_factory):
     """An export (version.json + merged/) of a random tiny model whose end-of-sequence logit is pinned at 0: greedy, it
     never ends by itself, so only the server's bounds stop a completion."""
-    from pixrl.tiny import char_tokenizer, new_tiny_model
+    from pixrl.pix.tiny import char_tokenizer, new_tiny_model
     d = tmp_path_factory.mktemp("endless")
     tok = char_tokenizer()
     net = new_tiny_model(0, vocab_size=len(tok), hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64,

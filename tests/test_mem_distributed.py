@@ -5,7 +5,7 @@ The script ends as a launched script must (`pixrl.core.exit_launched_rank`): wit
 at interpreter exit, after both ranks had written their records."""
 import json, os, socket, subprocess, sys
 import pytest
-from pixrl.campaign import process_capacity
+from pixrl.pix.campaign import process_capacity
 
 STEPS, QUESTIONS, GROUP = 2, 4, 2
 

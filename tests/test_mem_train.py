@@ -11,7 +11,7 @@ from pixrl.mem.corpus import split_by_project
 
 
 def a7_fixture(seed: int = 0) -> list:
-    "Train-project records of the CPU corpus whose evidence-free chunks never mention the question's subject (nbs/22_mem_train)."
+    "Train-project records of the CPU corpus whose evidence-free chunks never mention the question's subject (nbs/mem/22_mem_train)."
     train, _ = split_by_project(cpu_corpus(MemTrainConfig(seed=seed))[0], VAL_FRACTION, seed)
     return [r for r in train if not any(mentions(question_subject(r.question), c.text) for c in r.chunks if not c.evidence)]
 

@@ -12,12 +12,12 @@ import transformers
 from transformers import GenerationConfig
 
 from pixrl.core import PIXRL_META
-from pixrl.grpo import rl_dataset, sft_dataset
-from pixrl.policy import image_only_processor, load_policy
-from pixrl.prompt import PromptSpec, prompt_text
-from pixrl.probe import probe_tasks
-from pixrl.tasks import load_split
-from pixrl.tiny import char_tokenizer, TINY_PROMPT_SPEC, TINY_VLM_PROMPT_SPEC
+from pixrl.pix.grpo import rl_dataset, sft_dataset
+from pixrl.pix.policy import image_only_processor, load_policy
+from pixrl.pix.prompt import PromptSpec, prompt_text
+from pixrl.pix.probe import probe_tasks
+from pixrl.pix.tasks import load_split
+from pixrl.pix.tiny import char_tokenizer, TINY_PROMPT_SPEC, TINY_VLM_PROMPT_SPEC
 
 REPO = Path(__file__).resolve().parents[1]
 HIDDEN = 64          # every tiny text model: 64 wide, 2 layers, 4 query heads of 16, 2 kv heads
@@ -200,7 +200,7 @@ def trl_grpo_ids(pol, row) -> list:
     "The prompt ids TRL's GRPOTrainer generates from for dataset `row` (its own `_tokenize_prompts`, images merged as it does)."
     from trl import GRPOTrainer
     from trl.data_utils import prepare_multimodal_messages
-    from pixrl.prompt import thinking_kwargs
+    from pixrl.pix.prompt import thinking_kwargs
     owner = pol.processor or pol.tokenizer
     trainer = SimpleNamespace(processing_class=owner, _is_vlm=pol.processor is not None, environment_factories=None,
                               tools=None, chat_template=None, chat_template_kwargs=thinking_kwargs(owner, pol.thinking))
@@ -271,7 +271,7 @@ def test_family_smoke_campaign_and_probe(family, tmp_path):
     "Arm B (arm G for the VLMs) as a smoke campaign through the CLI's subprocess stages; the probes and the trained stage."
     name, d = family
     env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "pixrl.campaign", "run", "--arm", ARM[name], "--model", str(d), "--runs-root",
+    cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", ARM[name], "--model", str(d), "--runs-root",
            str(tmp_path / "runs"), "--name", "fam", "--smoke", "--levels", "0", "--probe-per-level", "1", "--probe-k", "1",
            "--max-new-tokens", "16", "--rollouts", "2", "--groups-per-step", "1", "--preflight-control-n", "2"]
     r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -1,7 +1,7 @@
 "pix training: RunPlans of every arm, gate rules, bad-input refusals, prompt identity SFT = RL = probe."
 import json
 import pytest
-from pixrl.campaign import (ARMS, LEVELS, build_plan, gate_absolute, gate_relative, validate, CampaignConfig,
+from pixrl.pix.campaign import (ARMS, LEVELS, build_plan, gate_absolute, gate_relative, validate, CampaignConfig,
                             stage_input, STANDARD_REPLAY)
 
 
@@ -89,11 +89,11 @@ def test_runs_root_with_other_campaign(tmp_path):
 
 
 def test_prompt_identity_sft_rl_probe():
-    from pixrl.policy import load_policy, format_answer
-    from pixrl.grpo import rl_dataset, sft_dataset
-    from pixrl.probe import probe_tasks
-    from pixrl.prompt import build_prompt
-    from pixrl.tasks import load_split
+    from pixrl.pix.policy import load_policy, format_answer
+    from pixrl.pix.grpo import rl_dataset, sft_dataset
+    from pixrl.pix.probe import probe_tasks
+    from pixrl.pix.prompt import build_prompt
+    from pixrl.pix.tasks import load_split
     pol = load_policy("pixrl-tiny")
     train = [t for t in load_split("train") if t.level == 0][:3] + [t for t in load_split("train") if t.level == 4][:2]
     rl, sft = rl_dataset(pol, train), sft_dataset(pol, train)
@@ -110,8 +110,8 @@ def test_prompt_identity_sft_rl_probe():
 
 def test_replay_mix_from_the_package():
     "The backward-replay mix as arms F/I use it (imported from the package, not the notebook namespace)."
-    from pixrl.grpo import replay_mix
-    from pixrl.tasks import load_split
+    from pixrl.pix.grpo import replay_mix
+    from pixrl.pix.tasks import load_split
     tr = load_split("train")
     l2 = [t for t in tr if t.level == 2][:9]
     lower = [t for t in tr if t.level < 2]
@@ -121,8 +121,8 @@ def test_replay_mix_from_the_package():
 
 
 def test_reward_policy_is_a_campaign_setting(tmp_path):
-    from pixrl.campaign import _parser
-    from pixrl.reward import DEFAULT_REWARD
+    from pixrl.pix.campaign import _parser
+    from pixrl.pix.reward import DEFAULT_REWARD
     assert CampaignConfig().reward == DEFAULT_REWARD == "shaped_v3d"
     assert CampaignConfig(reward="shaped_v3b").fingerprint() != CampaignConfig().fingerprint()
     with pytest.raises(ValueError, match="unknown reward 'iou'; accepted: .*shaped_v3c, shaped_v3b, raw_iou"):
@@ -134,7 +134,7 @@ def test_the_campaign_reward_reaches_trl_and_the_probe(tmp_path):
     "A smoke stage under shaped_v3b: TRL logs that reward function, the probe and the state name it."
     import os, subprocess, sys
     env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "pixrl.campaign", "run", "--arm", "B", "--runs-root", str(tmp_path), "--name", "v3b",
+    cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "B", "--runs-root", str(tmp_path), "--name", "v3b",
            "--levels", "0", "--smoke", "--probe-per-level", "1", "--probe-k", "2", "--groups-per-step", "1",
            "--max-new-tokens", "48", "--lora-rank", "8", "--reward", "shaped_v3b"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

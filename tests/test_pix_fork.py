@@ -13,7 +13,7 @@ COMMON = ["--levels", "0,1", "--steps-per-level", "1", "--sft-epochs", "0.04", "
 
 def _run(tmp_path, arm, name, *extra):
     env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "pixrl.campaign", "run", "--arm", arm, "--runs-root", str(tmp_path / "runs"),
+    cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", arm, "--runs-root", str(tmp_path / "runs"),
            "--name", name, *COMMON, *extra]
     r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def _cmd(root):
-    return [sys.executable, "-m", "pixrl.campaign", "run", "--arm", "B", "--runs-root", str(root), "--name", "resume",
+    return [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "B", "--runs-root", str(root), "--name", "resume",
             "--levels", "0,1", "--steps-per-level", "3", "--probe-per-level", "1", "--probe-k", "2",
             "--groups-per-step", "1", "--max-new-tokens", "48", "--lora-rank", "8", "--save-steps", "1"]
 
@@ -47,6 +47,6 @@ def test_sigkill_mid_stage_then_resume(tmp_path):
     assert state["stages"][0]["attempts"] == 1 and state["stages"][1]["attempts"] == 2
     s1 = state["stages"][1]
     assert s1["resumed_from_step"] >= 1 and s1["global_step"] == 3  # resumed from the checkpoint, count continued
-    from pixrl.campaign import probe_points
+    from pixrl.pix.campaign import probe_points
     pts = probe_points(state, run_dir)
     assert [p[0] for p in pts] == ["base", "rl-L0", "rl-L1"]         # one probe point per stage (+ base)

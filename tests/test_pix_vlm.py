@@ -8,12 +8,12 @@ import pytest
 import torch
 from trl.data_utils import prepare_multimodal_messages
 
-from pixrl.grpo import rl_dataset, sft_dataset
-from pixrl.harvest import task_prompts
-from pixrl.policy import load_policy
-from pixrl.prompt import PromptSpec, prompt_text
-from pixrl.tasks import load_split
-from pixrl.tiny import build_tiny_vlm, tiny_dir, TINY_VLM_PROMPT_SPEC
+from pixrl.pix.grpo import rl_dataset, sft_dataset
+from pixrl.pix.harvest import task_prompts
+from pixrl.pix.policy import load_policy
+from pixrl.pix.prompt import PromptSpec, prompt_text
+from pixrl.pix.tasks import load_split
+from pixrl.pix.tiny import build_tiny_vlm, tiny_dir, TINY_VLM_PROMPT_SPEC
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,7 +100,7 @@ def test_text_model_with_vision_spec_is_refused(tmp_path):
 def test_vlm_campaign_sft_and_grpo_end_to_end(vlm_dir, tmp_path):
     "Arm G (SFT-L0 gated -> RL-L0) on the tiny VLM through the campaign runner's subprocess stages."
     env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "pixrl.campaign", "run", "--arm", "G", "--model", str(vlm_dir), "--runs-root",
+    cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "G", "--model", str(vlm_dir), "--runs-root",
            str(tmp_path / "runs"), "--name", "vlm", "--smoke", "--levels", "0", "--probe-per-level", "2",
            "--probe-k", "2", "--rollouts", "4", "--groups-per-step", "1", "--max-new-tokens", "24", "--save-steps", "1"]
     r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
@@ -121,7 +121,7 @@ def test_vlm_campaign_sft_and_grpo_end_to_end(vlm_dir, tmp_path):
 
 
 def test_pixrl_tiny_vl_name_builds_into_the_cache(tmp_path, monkeypatch):
-    from pixrl.policy import resolve_model
+    from pixrl.pix.policy import resolve_model
     monkeypatch.setenv("PIXRL_CACHE", str(tmp_path))
     p = Path(resolve_model("pixrl-tiny-vl"))
     assert p == tmp_path / "models" / "pixrl-tiny-vl" and (p / "config.json").exists()

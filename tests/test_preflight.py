@@ -1,4 +1,4 @@
-"""pixrl.preflight: a clean run passes; each gate fails on its own fault, naming the culprit
+"""pixrl.pix.preflight: a clean run passes; each gate fails on its own fault, naming the culprit
 (tampered data cache / manifest, whitelist mismatch, token budget, dirty git tree, broken positive
 control); the CLI exits non-zero on failure (preflight area)."""
 import json
@@ -10,11 +10,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-import pixrl.geometry as G
-import pixrl.preflight as P
-import pixrl.prompt as PR
-import pixrl.reward as R
-import pixrl.tasks as T
+import pixrl.pix.geometry as G
+import pixrl.pix.preflight as P
+import pixrl.pix.prompt as PR
+import pixrl.pix.reward as R
+import pixrl.pix.tasks as T
 
 
 class CharTokenizer:
@@ -176,7 +176,7 @@ def test_registry_entry_without_sandbox_implementation_fails(monkeypatch):
 
 def test_undocumented_name_accepted_by_the_gate_fails_whitelist(monkeypatch):
     # widen the gate's whitelist (the registry check_source passes to the gate) by one builtin it does not forbid
-    import pixrl.evaluator as E
+    import pixrl.pix.evaluator as E
     monkeypatch.setattr(E, "ALLOWED_NAMES", frozenset(E.ALLOWED_NAMES) | {"hex"})
     assert E.check_source("hex(1)\n") is None  # the patch really leaks
     w = P.run_preflight(only=("whitelist",))["whitelist"]
@@ -187,7 +187,7 @@ def test_undocumented_name_accepted_by_the_gate_fails_whitelist(monkeypatch):
 
 def test_gate_leak_without_set_change_is_caught_by_the_sweep(monkeypatch):
     # the gate accepts `hex` but publishes an unchanged set: only the behavioural sweep can tell
-    import pixrl.evaluator as E
+    import pixrl.pix.evaluator as E
     real = E.check_source
     monkeypatch.setattr(E, "check_source", lambda src, rep="py", *a, **k: None if src == "hex(1)\n" else real(src, rep, *a, **k))
     w = P.run_preflight(only=("whitelist",))["whitelist"]
@@ -339,8 +339,8 @@ def test_cli_exit_codes(tmp_path, monkeypatch, capsys):
     targets = np.load(d / "validation.targets.npy")
     targets[0, 0] ^= 0x80
     np.save(d / "validation.targets.npy", targets)
-    # `python -m pixrl.preflight` in a fresh interpreter sees the tampered copy through PIXRL_CACHE
-    p = subprocess.run([sys.executable, "-m", "pixrl.preflight", "--splits", "validation", "--positive-control-n", "5",
+    # `python -m pixrl.pix.preflight` in a fresh interpreter sees the tampered copy through PIXRL_CACHE
+    p = subprocess.run([sys.executable, "-m", "pixrl.pix.preflight", "--splits", "validation", "--positive-control-n", "5",
                         "--json"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, p.stderr
     out = json.loads(p.stdout)

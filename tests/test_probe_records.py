@@ -1,13 +1,13 @@
 """Every committed campaign probe sample's recorded IoU equals a re-evaluation of its completion through
-`pixrl.evaluator` (the probe numbers in runs/ are what the evaluator says of the programs they record)."""
+`pixrl.pix.evaluator` (the probe numbers in runs/ are what the evaluator says of the programs they record)."""
 import json
 from pathlib import Path
 
 import pytest
 
-from pixrl.evaluator import evaluate_many
-from pixrl.reward import extract_program
-from pixrl.tasks import load_split
+from pixrl.pix.evaluator import evaluate_many
+from pixrl.pix.reward import extract_program
+from pixrl.pix.tasks import load_split
 
 RUNS = Path(__file__).resolve().parents[1] / "runs"
 PROBES = sorted(p for p in RUNS.glob("*/probe_*.json") if (p.parent / "state.json").exists())   # campaign runs

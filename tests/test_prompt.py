@@ -1,4 +1,4 @@
-"""pixrl.prompt (contract v3): scale disclosure above 1.6x only, derivable from model-visible inputs;
+"""pixrl.pix.prompt (contract v3): scale disclosure above 1.6x only, derivable from model-visible inputs;
 raster; API doc = sandbox whitelist; chat/vision forms; bad specs (foundation area)."""
 import re
 from types import SimpleNamespace
@@ -6,10 +6,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pixrl.geometry import API_REGISTRY, allowed_names
-from pixrl.prompt import (ANISOTROPY_THRESHOLD, SVG_DOC, SVG_REGISTRY, PromptSpec, anisotropy, api_doc, build_messages,
+from pixrl.pix.geometry import API_REGISTRY, allowed_names
+from pixrl.pix.prompt import (ANISOTROPY_THRESHOLD, SVG_DOC, SVG_REGISTRY, PromptSpec, anisotropy, api_doc, build_messages,
                           build_prompt, documented_calls, documented_names, raster, render_scale)
-from pixrl.tasks import load_split
+from pixrl.pix.tasks import load_split
 
 
 @pytest.fixture(scope="module")
@@ -136,9 +136,9 @@ def test_build_prompt_refuses_vision_spec(train):
 
 def test_svg_doc_matches_the_evaluator_parser():
     "Every construct the svg doc names means what the doc says, through the evaluator's parser."
-    import pixrl.evaluator as E
-    from pixrl.geometry import render
-    from pixrl.prompt import REPRESENTATIONS
+    import pixrl.pix.evaluator as E
+    from pixrl.pix.geometry import render
+    from pixrl.pix.prompt import REPRESENTATIONS
     assert set(REPRESENTATIONS) == set(E.REPRESENTATIONS)
     fp, shape = (20.0, 10.0), (64, 128)
     svg = ('<svg viewBox="0 0 20 10"><rect x="2" y="1" width="4" height="3"/>'

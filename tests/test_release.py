@@ -60,8 +60,8 @@ def test_release_refuses_bad_input(adapter, tmp_path, capsys):
     with pytest.raises(ValueError, match="needs evidence"):
         make_release(adapter / "adapter", tmp_path / "b")
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"kind": "pixrl.agent_loop"}))
-    with pytest.raises(ValueError, match="not a pixrl.bench"):
+    bad.write_text(json.dumps({"kind": "pixrl.pix.agent_loop"}))
+    with pytest.raises(ValueError, match="not a pixrl.pix.bench"):
         make_release(adapter / "adapter", tmp_path / "c", bench=bad)
     with pytest.raises(ValueError, match="probe"):
         make_release(adapter / "adapter", tmp_path / "d", probe=bad)
@@ -82,7 +82,7 @@ def campaign(tmp_path_factory):
     "A tiny real campaign (pixrl-tiny, arm B, one 2-step RL stage on L0): (run dir, its PIXRL_CACHE)."
     root = tmp_path_factory.mktemp("campaign")
     env = {**os.environ, "PIXRL_CACHE": str(root / "cache"), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "pixrl.campaign", "run", "--runs-root", str(root / "runs"), *CAMPAIGN]
+    cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--runs-root", str(root / "runs"), *CAMPAIGN]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return root / "runs" / "rel", root / "cache"
@@ -103,11 +103,11 @@ def _greedy_transformers(model_dir, prompts: list[str], max_new_tokens: int) -> 
 
 
 def test_campaign_release_loads_on_a_fresh_machine(campaign, tmp_path, monkeypatch, capsys):
-    from pixrl.campaign import load_state
-    from pixrl.policy import load_policy, model_dir_sha256, resolve_model
-    from pixrl.probe import probe_tasks
+    from pixrl.pix.campaign import load_state
+    from pixrl.pix.policy import load_policy, model_dir_sha256, resolve_model
+    from pixrl.pix.probe import probe_tasks
     from pixrl.serve import complete, completion_text, server_command, start_server
-    from pixrl.tasks import release_digest
+    from pixrl.pix.tasks import release_digest
     run_dir, cache = campaign
     monkeypatch.setenv("PIXRL_CACHE", str(cache))
     state = load_state(run_dir)

@@ -1,4 +1,4 @@
-"""pixrl.reward: the guarantees of the hardened `shaped_v3c` and of the default `shaped_v3d` over all 400
+"""pixrl.pix.reward: the guarantees of the hardened `shaped_v3c` and of the default `shaped_v3d` over all 400
 validation tasks (issues: reward integrity, rounds 2 and 3). Target-blind programs — one of every class in
 `target_blind_programs` — score at most 0.07 on average and beat the task's bounding rectangle on at most 10% of
 tasks; under `shaped_v3d` so does every program of the outline class (frames, rings, skeletons, dotted and dashed
@@ -12,9 +12,9 @@ import ast
 import numpy as np
 import pytest
 
-from pixrl import tasks
-from pixrl import reward as rw
-from pixrl.evaluator import evaluate_many, EvalResult, Status
+from pixrl.pix import tasks
+from pixrl.pix import reward as rw
+from pixrl.pix.evaluator import evaluate_many, EvalResult, Status
 
 BLIND_CLASSES = ["hatch rect(2i, 0, 1, 1e5)", "vertical stripes pitch 1 duty 0.5", "horizontal stripes pitch 3 duty 0.75",
                  "diagonal / pitch 2", "grid pitch 2", "checkerboard pitch 1", "full canvas", "half canvas",
@@ -83,7 +83,7 @@ def test_ground_truth_scores_one_and_rectangle_the_floor(val, blind_scores, poli
 @pytest.fixture(scope="module")
 def copies(val):
     "(the band copy's result, its frame/slit variants' results) per validation task, through the real sandbox."
-    from pixrl.base import band_program
+    from pixrl.pix.base import band_program
     progs = []
     for t in val:
         copy = band_program(t)

@@ -1,4 +1,4 @@
-"""pixrl.tasks (depth-v1): ground truth reproduces every target, sizes, de-duplication, sealing,
+"""pixrl.pix.tasks (depth-v1): ground truth reproduces every target, sizes, de-duplication, sealing,
 tamper detection, cache rebuild, bad input (foundation area)."""
 import json
 import os
@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
-import pixrl.tasks as T
-from pixrl.geometry import Grid, RenderError, check_footprint, mask_sha256, rasterize, render, run_program
+import pixrl.pix.tasks as T
+from pixrl.pix.geometry import Grid, RenderError, check_footprint, mask_sha256, rasterize, render, run_program
 
 
 @pytest.fixture(scope="module")

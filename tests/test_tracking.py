@@ -1,4 +1,4 @@
-"""Live progress and tracking (nbs/07a_tracking): a bad report_to is refused before anything trains; a tiny campaign
+"""Live progress and tracking (nbs/02_tracking): a bad report_to is refused before anything trains; a tiny campaign
 with report_to=trackio writes a trackio run directory under <run_dir>/tracking/ and feeds the progress display
 from the stage subprocess while it runs; report_to=tensorboard writes each stage's event file there; papermill keeps one progress output (one line per stage); the mem trainer
 logs through the same setting."""
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import pixrl.campaign as campaign
-from pixrl.campaign import CampaignConfig, validate
+import pixrl.pix.campaign as campaign
+from pixrl.pix.campaign import CampaignConfig, validate
 from pixrl.tracking import ProgressDisplay, check_report_to
 
 TINY = dict(arm="B", model="pixrl-tiny", levels=(0,), smoke=True, probe_per_level=1, probe_k=2, groups_per_step=1,
@@ -16,7 +16,7 @@ TINY = dict(arm="B", model="pixrl-tiny", levels=(0,), smoke=True, probe_per_leve
 
 
 def test_unknown_report_to_refused_before_anything_trains(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pixrl.campaign", "run", "--model", "pixrl-tiny", "--runs-root",
+    r = subprocess.run([sys.executable, "-m", "pixrl.pix.campaign", "run", "--model", "pixrl-tiny", "--runs-root",
                         str(tmp_path), "--name", "bad", "--report-to", "wandb"],
                        env={**os.environ, "PIXRL_CACHE": str(tmp_path / "cache")}, capture_output=True, text=True)
     assert r.returncode == 2
