@@ -12,7 +12,7 @@ COMMANDS = {  # sub-command -> (module, one-line help)
     "preflight": ("pixrl.pix.preflight", "run the campaign preflight gates (data, git, whitelist, token audit, positive control)"),
     "loop":     ("pixrl.pix.agent_loop", "attempt -> measure -> revise loop on a model or an OpenAI-compatible endpoint"),
     "lab":      ("pixrl.lab", "JupyterLab on the repository (nbs/ and runs/), for root and non-root users"),
-    "results":  ("pixrl.core", "write runs/RESULTS.md and README's results table from runs/claims.json (--check: only check)"),
+    "results":  ("pixrl.results", "write runs/RESULTS.md, README's results table, runs/README.md and runs/figures/ (--check: only check)"),
 }
 
 def usage() -> str:

@@ -13,13 +13,13 @@ from typing import Callable
 
 # %% auto #0
 __all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'NOISY_NAME', 'LONG_NAME', 'COMMITTED_MODELS', 'PIXRL_META',
-           'EVIDENCE_DIRS', 'DIRTY_SHOWN', 'RUN_LINES', 'RUN_STATUSES', 'REGISTRY_KEYS', 'MODEL_NAMES', 'CLAIM_KEYS',
-           'PROVISIONAL', 'RESULTS_BEGIN', 'RESULTS_END', 'repo_root', 'cache_dir', 'dirty_files', 'git_state',
-           'package_versions', 'DirtyTree', 'recorded_run', 'require_clean', 'run_record', 'Timer', 'set_seed',
-           'CorruptRecord', 'write_text_atomic', 'read_json', 'rank', 'world_size', 'is_main_rank', 'end_process_group',
-           'exit_launched_rank', 'params_digest', 'Accepts', 'setting', 'field_accepts', 'undeclared', 'accepted',
-           'check_fields', 'check_run_entry', 'read_registry', 'run_status', 'notebook_outputs', 'notebook_record',
-           'check_claim', 'results_table', 'results_block', 'write_results', 'results_stale', 'cli_main']
+           'EVIDENCE_DIRS', 'DIRTY_SHOWN', 'RUN_LINES', 'RUN_STATUSES', 'REGISTRY_KEYS', 'RECORD_FIELDS', 'MODEL_NAMES',
+           'repo_root', 'cache_dir', 'dirty_files', 'git_state', 'package_versions', 'DirtyTree', 'recorded_run',
+           'require_clean', 'run_record', 'Timer', 'set_seed', 'CorruptRecord', 'write_text_atomic', 'read_json',
+           'rank', 'world_size', 'is_main_rank', 'end_process_group', 'exit_launched_rank', 'params_digest', 'Accepts',
+           'setting', 'field_accepts', 'undeclared', 'accepted', 'check_fields', 'refuse_old_names', 'upgrade_names',
+           'check_run_entry', 'check_record', 'read_registry', 'run_status', 'notebook_outputs', 'notebook_record',
+           'notebook_wall', 'run_record_of']
 
 # %% ../nbs/00_core.ipynb #5141a9af
 IN_TEST = bool(os.environ.get("IN_TEST"))  # set by nbdev_test: shrink notebook defaults under it
@@ -227,26 +227,11 @@ def params_digest(model) -> str:
     return h.hexdigest()[:16]
 
 
-# %% ../nbs/00_core.ipynb #1d400705
+# %% ../nbs/00_core.ipynb #db61bd28
 _KINDS = {"bool": bool, "int": int, "float": float, "str": str, "tuple": tuple}
 
-@dataclasses.dataclass(frozen=True)
-class Accepts:
-    """What one setting accepts, read by `check_fields`: a kind, a range, choices. `kind` None: the field's annotation
-    (bool | int | float | str | tuple; `X | None` accepts None too). A float accepts an int, never a bool, nan or ±inf;
-    an int never a bool or a float; a bool only True or False."""
-    kind: type | None = None          # bool | int | float | str | tuple; None: from the field's annotation
-    ge: float | None = None           # int / float: value >= ge
-    gt: float | None = None           # value > gt
-    le: float | None = None           # value <= le
-    lt: float | None = None           # value < lt
-    choices: tuple | None = None      # the only values accepted
-    min_len: int = 0                  # str / tuple: at least this many characters / items
-    max_len: int | None = None        # str / tuple: at most this many
-    items: "Accepts | None" = None    # tuple: what every item accepts
-    distinct: bool = False            # tuple: no item twice
-    check: Callable | None = None     # a further check of an accepted value; raises ValueError naming it
-    optional: bool = False            # None accepted (set from an `X | None` annotation)
+class _AcceptsWords:
+    "What an `Accepts` says it accepts, in words: the end of every refusal (its fields are declared in `Accepts`)."
 
     def _bounds(self) -> str:
         "The range rule in words: ' in [0, 1)', ' >= 1', ' > 0', '' when it has none."
@@ -289,6 +274,25 @@ class Accepts:
                 text += f", each {self.items.describe()}"
         return ("None or " if self.optional else "") + text
 
+# %% ../nbs/00_core.ipynb #fd7620e7
+@dataclasses.dataclass(frozen=True)
+class Accepts(_AcceptsWords):
+    """What one setting accepts, read by `check_fields`: a kind, a range, choices. `kind` None: the field's annotation
+    (bool | int | float | str | tuple; `X | None` accepts None too). A float accepts an int, never a bool, nan or ±inf;
+    an int never a bool or a float; a bool only True or False."""
+    kind: type | None = None          # bool | int | float | str | tuple; None: from the field's annotation
+    ge: float | None = None           # int / float: value >= ge
+    gt: float | None = None           # value > gt
+    le: float | None = None           # value <= le
+    lt: float | None = None           # value < lt
+    choices: tuple | None = None      # the only values accepted
+    min_len: int = 0                  # str / tuple: at least this many characters / items
+    max_len: int | None = None        # str / tuple: at most this many
+    items: "Accepts | None" = None    # tuple: what every item accepts
+    distinct: bool = False            # tuple: no item twice
+    check: Callable | None = None     # a further check of an accepted value; raises ValueError naming it
+    optional: bool = False            # None accepted (set from an `X | None` annotation)
+
     def is_kind(self, value) -> bool:
         "`value` is of the kind: a bool is no int, a float is finite (an int counts as one), a tuple is a tuple."
         if self.kind is bool:
@@ -326,6 +330,7 @@ class Accepts:
                     return f"{x!r} repeats"
         return None
 
+# %% ../nbs/00_core.ipynb #92ca1643
 def setting(default, **accepts) -> dataclasses.Field:
     "A dataclass field with `default` that accepts what `Accepts(**accepts)` says (its kind: the field's annotation)."
     return dataclasses.field(default=default, metadata={"accepts": Accepts(**accepts)})
@@ -359,6 +364,7 @@ def accepted(cls) -> dict:
     specs = {f.name: field_accepts(f) for f in dataclasses.fields(cls)}
     return {name: spec.describe() if spec else None for name, spec in specs.items()}
 
+# %% ../nbs/00_core.ipynb #c6231560
 def check_fields(cfg):
     """Refuse the first field of the dataclass instance `cfg` outside its `setting`: a ValueError naming the field, the
     value and what it accepts; returns `cfg`. A field that declares nothing is a TypeError (a programming error, not a
@@ -379,10 +385,28 @@ def check_fields(cfg):
         raise ValueError(f"{f.name}={value!r}{': ' + why if why else ''}; accepted: {spec.describe()}")
     return cfg
 
+# %% ../nbs/00_core.ipynb #60e6bb9f
+def refuse_old_names(given, renamed: dict, where: str) -> None:
+    "A TypeError naming each key of `given` (keywords, a notebook's globals) that is an old name in `renamed`, with its new one."
+    old = [k for k in renamed if k in given]
+    if old:
+        said = "; ".join(f"{k}={given[k]!r} is now {renamed[k]}={given[k]!r}" for k in old)
+        raise TypeError(f"{where}: {said} (the names of TRL GRPOConfig and peft LoraConfig); "
+                        f"accepted: {', '.join(renamed[k] for k in old)}")
+
+def upgrade_names(saved, renamed: dict, what: str = "a saved config") -> dict:
+    "`saved` (a dict recorded under old names) with each old name of `renamed` read as its new one, in place."
+    both = [f"{old}/{new}" for old, new in renamed.items() if old in saved and new in saved]
+    if both:
+        raise ValueError(f"{what} holds both names of {', '.join(both)}; accepted: one name per field")
+    return {renamed.get(k, k): v for k, v in saved.items()}
+
 # %% ../nbs/00_core.ipynb #cb578fc5
 RUN_LINES = ("pix", "mem", "offset", "evaluator", "infra")
 RUN_STATUSES = ("current", "historical", "superseded")
-REGISTRY_KEYS = ("name", "line", "status", "why", "command", "model")
+REGISTRY_KEYS = ("name", "line", "status", "why", "command", "model", "record")
+RECORD_FIELDS = ("commit", "dirty", "seed", "data_digest", "wall_s")
+_HEX = re.compile(r"[0-9a-f]+")
 # the models a registry entry may name; pixrl-mem-* are pixrl.mem.model's (not imported here: core stays light)
 MODEL_NAMES = (TINY_NAME, TINY_VL_NAME, *COMMITTED_MODELS, "pixrl-mem-tiny", "pixrl-mem-base")
 _STAGE_MODEL = re.compile(r"(\S+) stage_\d+")
@@ -413,7 +437,34 @@ def check_run_entry(entry, where: str = "runs/registry.json") -> dict:
     if model is not None and model not in MODEL_NAMES and not (isinstance(model, str) and _STAGE_MODEL.fullmatch(model)):
         raise ValueError(f"{where}: entry {name!r}: model {model!r}; accepted: None, one of "
                          f"{', '.join(MODEL_NAMES)}, or '<run> stage_<k>'")
+    check_record(entry["record"], f"{where}: entry {name!r}")
     return entry
+
+# %% ../nbs/00_core.ipynb #24de8e29
+def _seeds_ok(seed) -> bool:
+    "An int, or a non-empty list of ints (a multi-seed run lists them); never a bool."
+    seeds = seed if isinstance(seed, list) else [seed]
+    return bool(seeds) and all(isinstance(x, int) and not isinstance(x, bool) for x in seeds)
+
+def check_record(record, where: str = "record"):
+    """A registry entry's `record`: None (the notebook printed none), or exactly RECORD_FIELDS — `commit` a 7–40 digit
+    hex hash, `dirty` a bool, `seed` an int or a list of ints, `data_digest` a hex digest, `wall_s` seconds > 0; the last
+    three may be None (a run that trains nothing has no seed, data or wall of its own). Refused with a ValueError."""
+    if record is None:
+        return None
+    if not isinstance(record, dict) or sorted(record) != sorted(RECORD_FIELDS):
+        raise ValueError(f"{where}: record {record!r:.120}; accepted: None or an object with exactly {', '.join(RECORD_FIELDS)}")
+    rules = {"commit": lambda v: isinstance(v, str) and 7 <= len(v) <= 40 and _HEX.fullmatch(v) is not None,
+             "dirty": lambda v: isinstance(v, bool),
+             "seed": lambda v: v is None or _seeds_ok(v),
+             "data_digest": lambda v: v is None or (isinstance(v, str) and len(v) >= 12 and _HEX.fullmatch(v) is not None),
+             "wall_s": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0)}
+    words = {"commit": "a 7–40 digit hex hash", "dirty": "True or False", "seed": "None, an int or a list of ints",
+             "data_digest": "None or a hex digest of 12+ digits", "wall_s": "None or seconds > 0"}
+    for field, ok in rules.items():
+        if not ok(record[field]):
+            raise ValueError(f"{where}: record {field} {record[field]!r}; accepted: {words[field]}")
+    return record
 
 # %% ../nbs/00_core.ipynb #07900103
 def read_registry(root=None) -> dict:
@@ -447,10 +498,7 @@ def run_status(name: str, root=None) -> str:
         raise ValueError(f"run {name!r} is not in runs/registry.json; accepted: one of its {len(registry)} names")
     return registry[name]["status"]
 
-# %% ../nbs/00_core.ipynb #e654f45c
-CLAIM_KEYS = ("question", "answer", "seeds", "run", "prints", "seed_claim")
-PROVISIONAL = "provisional (dirty tree)"
-
+# %% ../nbs/00_core.ipynb #7c1f6933
 def notebook_outputs(path) -> str:
     "Every text a notebook's outputs show, in cell order: streams, plain text and markdown of results, errors."
     texts = []
@@ -499,111 +547,39 @@ def notebook_record(path) -> dict | None:
                     return found
     return None
 
-def check_claim(claim, registry: dict, root) -> dict:
-    "One claim of runs/claims.json, refused with a ValueError naming it unless its run may carry it and prints it."
-    if not isinstance(claim, dict) or sorted(claim) != sorted(CLAIM_KEYS):
-        raise ValueError(f"claim {claim!r}; accepted: an object with exactly the keys {', '.join(CLAIM_KEYS)}")
-    q = claim["question"]
-    for key in ("question", "answer", "run", "prints", "seed_claim"):
-        if not isinstance(claim[key], str) or not claim[key].strip():
-            raise ValueError(f"claim {q!r}: {key} {claim[key]!r}; accepted: a non-empty str")
-    if isinstance(claim["seeds"], bool) or not isinstance(claim["seeds"], int) or claim["seeds"] < 1:
-        raise ValueError(f"claim {q!r}: seeds {claim['seeds']!r}; accepted: an int >= 1")
-    if claim["seed_claim"].split(":")[0].strip() not in ("yes", "no", "n/a"):
-        raise ValueError(f"claim {q!r}: seed_claim {claim['seed_claim']!r}; accepted: 'yes: …', 'no: …' or 'n/a: …'")
-    entry = registry.get(claim["run"])
-    status = entry["status"] if entry else None
-    provisional = status == "superseded" and "dirty tree" in entry["why"] and claim["answer"].startswith(PROVISIONAL)
-    if status != "current" and not provisional:
-        raise ValueError(f"claim {q!r}: run {claim['run']!r} is {status or 'not in the registry'}; accepted: a current "
-                         f"run, or one superseded for a dirty tree with an answer that begins {PROVISIONAL!r}")
-    notebook = Path(root) / "runs" / f"{claim['run']}.ipynb"
-    record = notebook_record(notebook) or {}
-    unclean = [f"{k}: true" for k in ("dirty", "allow_dirty") if record.get(k) is True]
-    if unclean and not claim["answer"].startswith(PROVISIONAL):
-        raise ValueError(f"claim {q!r}: the run record of runs/{claim['run']}.ipynb says {', '.join(unclean)}; accepted: "
-                         f"an answer that begins {PROVISIONAL!r}")
-    if claim["prints"] not in notebook_outputs(notebook):
-        raise ValueError(f"claim {q!r}: runs/{claim['run']}.ipynb does not print {claim['prints']!r}; accepted: an exact "
-                         "substring of its printed outputs")
-    return claim
+# %% ../nbs/00_core.ipynb #fdddd365
+_WALL = re.compile(r"\bwall(?:[ _]?time|_s)?\b[^\d\n]{0,30}?(\d[\d,]*(?:\.\d+)?)\s*(min\b)?", re.I)
 
-# %% ../nbs/00_core.ipynb #df5cecfd
-RESULTS_BEGIN = "<!-- results:begin -->"
-RESULTS_END = "<!-- results:end -->"
-_RESULTS_HEAD = ("Generated by `pixrl results` from `runs/claims.json`: each claim's run is current in `runs/registry.json` "
-                 "(or superseded for a dirty tree, and then the answer says provisional) and prints the claim's numbers. "
-                 "Do not edit by hand.")
+def _run_artefacts(path) -> list:
+    "The dicts of a run's own summary files: runs/<name>/summary.json and runs/<name>/<name>.json, where they exist."
+    folder = Path(path).with_suffix("")
+    files = [folder / "summary.json", folder / f"{folder.name}.json"]
+    return [d for d in (read_json(f, "run summary") for f in files if f.is_file()) if isinstance(d, dict)]
 
-def _cell(text) -> str:
-    "A markdown table cell: one line, `|` escaped."
-    return str(text).replace("\n", " ").replace("|", "\\|")
+def notebook_wall(path) -> float | None:
+    """A run's wall seconds: the last number printed after 'wall' ('wall 72 s', 'wall time 115.0 s', '| wall_s | 127.3 |',
+    'Wall time (this notebook): 12.0 min' — the total comes last; minutes are converted), else `wall_s` (or `seconds`)
+    of its summary files."""
+    found = list(_WALL.finditer(notebook_outputs(path)))
+    if found:
+        number, minutes = found[-1].groups()
+        return round(float(number.replace(",", "")) * (60 if minutes else 1), 1)
+    for d in _run_artefacts(path):
+        for key in ("wall_s", "seconds"):
+            if isinstance(d.get(key), (int, float)) and not isinstance(d.get(key), bool):
+                return d[key]
+    return None
 
-def results_table(root=None) -> str:
-    "The markdown results table of `runs/claims.json`, every claim checked (`check_claim`)."
-    root = Path(root or repo_root())
-    registry = read_registry(root)
-    claims = read_json(root / "runs" / "claims.json", "claims")
-    if not isinstance(claims, list) or not claims:
-        raise ValueError(f"{root / 'runs' / 'claims.json'}: {claims!r:.80}; accepted: a non-empty list of claims")
-    rows = ["| question | answer (95% CI) | seeds | run | reproduces the seed's claim |", "|---|---|---|---|---|"]
-    for claim in claims:
-        c = check_claim(claim, registry, root)
-        cells = (c["question"], c["answer"], c["seeds"], f"`runs/{c['run']}.ipynb`", c["seed_claim"])
-        rows.append("| " + " | ".join(_cell(x) for x in cells) + " |")
-    return _RESULTS_HEAD + "\n\n" + "\n".join(rows) + "\n"
-
-def results_block(readme_text: str, where: str = "README.md") -> tuple:
-    "(start, end) of the text between the results markers; a ValueError unless each occurs once, in order."
-    begins = readme_text.count(RESULTS_BEGIN)
-    ends = readme_text.count(RESULTS_END)
-    start = readme_text.find(RESULTS_BEGIN) + len(RESULTS_BEGIN)
-    end = readme_text.find(RESULTS_END)
-    if begins != 1 or ends != 1 or end < start:
-        raise ValueError(f"{where} has {begins} {RESULTS_BEGIN!r} and {ends} {RESULTS_END!r}; accepted: each once, "
-                         "begin before end, around the place the results table goes")
-    return start, end
-
-# %% ../nbs/00_core.ipynb #f2610511
-def write_results(root=None) -> str:
-    """Write `results_table(root)` to runs/RESULTS.md and between the results markers of README.md (a ValueError if
-    README.md lacks them; runs/RESULTS.md is written first). Returns the table."""
-    root = Path(root or repo_root())
-    table = results_table(root)
-    write_text_atomic(root / "runs" / "RESULTS.md", table)
-    readme = root / "README.md"
-    text = readme.read_text()
-    start, end = results_block(text, str(readme))
-    write_text_atomic(readme, text[:start] + "\n" + table + text[end:])
-    return table
-
-def results_stale(root=None) -> list:
-    "The files whose results table differs from `results_table(root)` (empty: both up to date)."
-    root = Path(root or repo_root())
-    table = results_table(root)
-    md = root / "runs" / "RESULTS.md"
-    stale = [] if md.exists() and md.read_text() == table else ["runs/RESULTS.md"]
-    text = (root / "README.md").read_text()
-    start, end = results_block(text, "README.md")
-    return stale + ([] if text[start:end].strip() == table.strip() else ["README.md"])
-
-# %% ../nbs/00_core.ipynb #28abc77d
-def cli_main(argv=None) -> int:
-    "`pixrl results [--root DIR] [--check]`: write runs/RESULTS.md and README's results block, or check them."
-    import argparse
-    ap = argparse.ArgumentParser(prog="pixrl results", description="the results table of runs/claims.json")
-    ap.add_argument("--root", default=None, help="the checkout (default: this one)")
-    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file is out of date")
-    args = ap.parse_args(argv)
-    try:
-        if args.check:
-            stale = results_stale(args.root)
-        else:
-            write_results(args.root)
-            stale = []
-    except ValueError as e:
-        print(f"pixrl results: {e}", file=sys.stderr)
-        return 2
-    for f in stale:
-        print(f"pixrl results: {f} is out of date; run `pixrl results`", file=sys.stderr)
-    return 1 if stale else 0
+def run_record_of(path) -> dict | None:
+    """The registry `record` of the executed notebook `path`: RECORD_FIELDS from the run record it printed
+    (`notebook_record`; else the `record` of its summary files) and its wall (`notebook_wall`); None when it has none."""
+    found = notebook_record(path)
+    if found is None:
+        found = next((d["record"] for d in _run_artefacts(path) if isinstance(d.get("record"), dict)), None)
+    if found is None:
+        return None
+    seed = found.get("seed")
+    if isinstance(seed, str) and re.fullmatch(r"-?\d+", seed):
+        seed = int(seed)
+    return {"commit": found.get("commit"), "dirty": found.get("dirty"), "seed": seed,
+            "data_digest": found.get("data_digest"), "wall_s": notebook_wall(path)}

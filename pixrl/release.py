@@ -183,14 +183,14 @@ def _evidence(bench=None, loop=None, probe=None) -> dict:
     bench_d = loop_d = probe_r = None
     if bench is not None:
         bench_d = _load_json(bench, "bench")
-        if bench_d.get("kind") != "pixrl.pix.bench":
-            raise ValueError(f"--bench {str(bench)!r} is not a pixrl.pix.bench record (kind {bench_d.get('kind')!r})")
+        if bench_d.get("kind") != "pixrl.bench":
+            raise ValueError(f"--bench {str(bench)!r} is not a pixrl.bench record (kind {bench_d.get('kind')!r})")
         records["benchmark"] = _record_meta(bench, bench_d)
         rewards["benchmark scoring"] = bench_d.get("config", {}).get("reward", "shaped_v3b")
     if loop is not None:
         loop_d = _load_json(loop, "loop")
-        if loop_d.get("kind") != "pixrl.pix.agent_loop":
-            raise ValueError(f"--loop {str(loop)!r} is not a pixrl.pix.agent_loop record (kind {loop_d.get('kind')!r})")
+        if loop_d.get("kind") != "pixrl.agent_loop":
+            raise ValueError(f"--loop {str(loop)!r} is not a pixrl.agent_loop record (kind {loop_d.get('kind')!r})")
         records["agent loop"] = _record_meta(loop, loop_d)
     if probe is not None:
         points, files = load_probe_points(probe)
@@ -222,7 +222,7 @@ def make_release(adapter, out, *, bench=None, probe=None, loop=None, merged=None
     "Copy the adapter (+ merged model) into `out`, write `README.md` and `release.json`; returns the manifest."
     cfg = check_adapter(adapter)
     if bench is None and probe is None:
-        raise ValueError("a release needs evidence: give --bench (a pixrl.pix.bench record) and/or --probe")
+        raise ValueError("a release needs evidence: give --bench (a pixrl.bench record) and/or --probe")
     out = _empty_out(out, overwrite)
     name = name or Path(adapter).resolve().name
     ev = _evidence(bench, loop, probe)
@@ -281,9 +281,9 @@ def _is_hub_id(model: str) -> bool:
 def base_identity(model: str, model_path: str) -> dict:
     """{name, sha256, get}: the base a campaign started from, as a user can get it. `model` is the campaign
     config's `model`, `model_path` where it was when training began; sha256 is of `model.safetensors`
-    (`pixrl.pix.policy.model_dir_sha256`): the committed record when there is one, else the folder's own."""
+    (`pixrl.lm.model_dir_sha256`): the committed record when there is one, else the folder's own."""
     from pixrl.core import COMMITTED_MODELS, TINY_NAME
-    from pixrl.pix.policy import model_dir_sha256, recorded_sha256
+    from pixrl.lm import model_dir_sha256, recorded_sha256
     here = model_dir_sha256(model_path) if (Path(model_path) / "model.safetensors").is_file() else None
     if model in (*COMMITTED_MODELS, TINY_NAME):
         recorded = recorded_sha256(model)
@@ -421,7 +421,7 @@ def campaign_summary(run_dir) -> tuple[dict, Path]:
     summary = {"campaign_id": state["campaign_id"], "arm": state["config"]["arm"], "config": state["config"],
                "stage": state["stages"][k]["name"], "stage_index": k,
                "base": base_identity(state["config"]["model"], state["model_path"]), "chain": chain_rows(state, k),
-               "lora_rank": state["config"].get("lora_rank"), "merged_bytes": _weights_bytes(final),
+               "lora_rank": state["config"].get("lora_r"), "merged_bytes": _weights_bytes(final),
                "base_bytes": _weights_bytes(state["model_path"]), "weights_sha256": weights_digest(final)}
     return summary, final
 

@@ -55,6 +55,7 @@ def export_adapter(model, tokenizer, out_dir, *, train_config: dict, data_digest
     (out / "version.json").write_text(json.dumps(version, indent=2, default=str))
     return out
 
+# %% ../nbs/07_serve.ipynb #5da8072b
 def load_version(export_dir) -> dict:
     """The `version.json` of an export directory (ValueError when it is not one). A `pixrl release` folder (it has a
     `release.json`) is verified first: every file as recorded (`pixrl.release.verify_release`), or ValueError."""
@@ -97,6 +98,24 @@ def context_length(config) -> int | None:
             return v
     return None
 
+# %% ../nbs/07_serve.ipynb #13e2538d
+def _checked_max_tokens(body: dict, prompt_tokens: int, context: int, default_max_tokens: int) -> int:
+    """The completion length request `body` asks for: `max_tokens` (or `max_completion_tokens`), an integer from 1 to
+    the budget `context − prompt_tokens` (omitted: `default_max_tokens`, within the budget); else `RequestError` (400)."""
+    budget = context - prompt_tokens
+    key = "max_tokens" if body.get("max_tokens") is not None else "max_completion_tokens"
+    mt = body.get(key)
+    if mt is None:
+        return min(default_max_tokens, budget)
+    if not _is_int(mt) or mt < 1:
+        raise RequestError(400, f"{key} {_short(mt)}; accepted: an integer from 1 to {budget} (this model's budget: "
+                                f"context {context} − prompt {prompt_tokens} tokens)")
+    if mt > budget:
+        raise RequestError(400, f"{key} {mt} exceeds this model's budget of {budget} tokens (context {context} − "
+                                f"prompt {prompt_tokens} tokens); accepted: an integer from 1 to {budget}")
+    return mt
+
+# %% ../nbs/07_serve.ipynb #0fa6ee43
 def completion_params(body: dict, prompt_tokens: int, context: int, default_max_tokens: int = 16) -> dict:
     """The checked generation parameters of request `body` (its prompt `prompt_tokens` long, for a model attending to
     `context` positions): {max_tokens, temperature, top_p, n, seed, stop}. `RequestError` (400) naming the value and
@@ -112,16 +131,7 @@ def completion_params(body: dict, prompt_tokens: int, context: int, default_max_
     for k in REFUSED_FIELDS:
         if body.get(k) not in (None, False):
             raise RequestError(400, f"{k} {_short(body[k])}: not supported by this server; accepted: {k} omitted or false")
-    key = "max_tokens" if body.get("max_tokens") is not None else "max_completion_tokens"
-    mt = body.get(key)
-    if mt is None:
-        mt = min(default_max_tokens, budget)
-    elif not _is_int(mt) or mt < 1:
-        raise RequestError(400, f"{key} {_short(mt)}; accepted: an integer from 1 to {budget} (this model's budget: "
-                                f"context {context} − prompt {prompt_tokens} tokens)")
-    elif mt > budget:
-        raise RequestError(400, f"{key} {mt} exceeds this model's budget of {budget} tokens (context {context} − "
-                                f"prompt {prompt_tokens} tokens); accepted: an integer from 1 to {budget}")
+    mt = _checked_max_tokens(body, prompt_tokens, context, default_max_tokens)
     temperature = body.get("temperature")
     temperature = 1.0 if temperature is None else temperature
     if not _is_num(temperature) or temperature < 0:
@@ -149,44 +159,16 @@ def _error_body(status: int, message: str) -> dict:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "code": status}}
 
-class ModelServer:
-    """The model in folder `model_dir` (a causal LM, e.g. a release's `merged/`) behind OpenAI-compatible routes:
-    GET /health, GET /v1/models, POST /v1/completions and /v1/chat/completions (`handle`). Each request is checked
-    (`completion_params`) and answers within `max_time` seconds, its wait for one of `concurrency` generation slots
-    included; a folder of a `pixrl release` is checked against its `release.json` first."""
-    def __init__(self, model_dir, name: str | None = None, max_time: float = SERVE_MAX_TIME,
-                 concurrency: int = SERVE_CONCURRENCY):
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-        from pixrl.pix.policy import load_tokenizer, stop_ids
-        from pixrl.release import check_release_of
-        if not _is_num(max_time) or max_time <= 0:
-            raise ValueError(f"max_time {max_time!r}; accepted: a number of seconds > 0")
-        if not _is_int(concurrency) or concurrency < 1:
-            raise ValueError(f"concurrency {concurrency!r}; accepted: an integer ≥ 1")
-        d = Path(model_dir)
-        if not (d / "config.json").is_file():
-            raise ValueError(f"{str(d)!r} has no config.json; accepted: a model folder (a release's or an export's merged/)")
-        check_release_of(d)
-        cfg = AutoConfig.from_pretrained(d, local_files_only=True)
-        if getattr(cfg, "vision_config", None) is not None:
-            from transformers import AutoModelForImageTextToText as auto_model   # served on text prompts
-        else:
-            auto_model = AutoModelForCausalLM
-        self.tokenizer = load_tokenizer(d)
-        self.model = auto_model.from_pretrained(d, dtype=torch.float32, local_files_only=True).eval()
-        self.context = context_length(self.model.config)
-        if self.context is None:
-            raise ValueError(f"{str(d)!r}: its config records no max_position_embeddings, so no token budget")
-        self.stop = stop_ids(self.tokenizer, self.model)
-        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (self.stop or [0])[0]
-        gmax = getattr(self.model.generation_config, "max_new_tokens", None)
-        self.default_max_tokens = gmax if _is_int(gmax) and gmax > 0 else 16
-        self.name = name or str(d)
-        self.max_time, self.concurrency = float(max_time), concurrency
-        self._slots = threading.BoundedSemaphore(concurrency)
-        self._tok_lock = threading.Lock()     # one tokenizer call at a time (a fast tokenizer is not re-entrant)
+def _check_serve_limits(max_time, concurrency):
+    "ValueError unless `max_time` is a number of seconds > 0 and `concurrency` an integer ≥ 1."
+    if not _is_num(max_time) or max_time <= 0:
+        raise ValueError(f"max_time {max_time!r}; accepted: a number of seconds > 0")
+    if not _is_int(concurrency) or concurrency < 1:
+        raise ValueError(f"concurrency {concurrency!r}; accepted: an integer ≥ 1")
 
+# %% ../nbs/07_serve.ipynb #3e38f88b
+class _Routes:
+    "The routes of a request and its prompt (a part of `ModelServer`)."
     def handle(self, method: str, path: str, body: bytes | None = None, started: float | None = None) -> tuple[int, dict]:
         "(HTTP status, JSON body) of one request; `RequestError` for one that is refused."
         started = time.monotonic() if started is None else started
@@ -223,16 +205,13 @@ class ModelServer:
             return self.tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in msgs],
                                                       tokenize=False, add_generation_prompt=True)
 
-    def complete(self, req: dict, chat: bool = False, started: float | None = None) -> dict:
-        "The response body of a (chat) completion request `req`, generated by `started + max_time` at the latest."
+# %% ../nbs/07_serve.ipynb #ca5e3ed7
+class _Generation:
+    "One generation, in a slot, within the request's deadline (a part of `ModelServer`)."
+    def _generate(self, ids, p: dict, deadline: float) -> tuple:
+        """`(out, greedy)`: `model.generate` on the prompt `ids` (1, T) with the checked parameters `p`, in a
+        generation slot, stopped at `deadline`; 503 when no slot frees, or the deadline passes, while it waits."""
         import torch
-        deadline = (time.monotonic() if started is None else started) + self.max_time
-        if req.get("model") is not None and req["model"] != self.name:
-            raise RequestError(404, f"model {_short(req['model'])} is not served here; accepted: {self.name!r}")
-        text = self._prompt(req, chat)
-        with self._tok_lock:
-            ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=not chat)["input_ids"]   # (1, T)
-        p = completion_params(req, ids.shape[1], self.context, self.default_max_tokens)
         if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise RequestError(503, f"busy: no generation slot freed within this request's deadline of "
                                     f"{self.max_time:g} s ({self.concurrency} at a time); retry later")
@@ -250,7 +229,13 @@ class ModelServer:
                                           max_time=left, pad_token_id=self.pad, eos_token_id=self.stop, **kw)
         finally:
             self._slots.release()
-        rows = out[:, ids.shape[1]:].tolist() * (p["n"] if greedy else 1)     # greedy: n identical completions
+        return out, greedy
+
+# %% ../nbs/07_serve.ipynb #acd30d91
+class _Completions:
+    "The response body of a completion request (a part of `ModelServer`)."
+    def _choices(self, rows: list, p: dict, chat: bool) -> tuple:
+        "`(choices, n_tokens)`: the response choices of the generated token `rows` and the tokens they hold."
         choices, n_tokens = [], 0
         for i, row in enumerate(rows):
             end = next((k for k, t in enumerate(row) if t in self.stop), None)
@@ -268,12 +253,89 @@ class ModelServer:
             choice = {"index": i, "finish_reason": reason, "stopped_by": why}
             choice.update({"message": {"role": "assistant", "content": out_text}} if chat else {"text": out_text, "logprobs": None})
             choices.append(choice)
+        return choices, n_tokens
+
+    def complete(self, req: dict, chat: bool = False, started: float | None = None) -> dict:
+        "The response body of a (chat) completion request `req`, generated by `started + max_time` at the latest."
+        deadline = (time.monotonic() if started is None else started) + self.max_time
+        if req.get("model") is not None and req["model"] != self.name:
+            raise RequestError(404, f"model {_short(req['model'])} is not served here; accepted: {self.name!r}")
+        text = self._prompt(req, chat)
+        with self._tok_lock:
+            ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=not chat)["input_ids"]   # (1, T)
+        p = completion_params(req, ids.shape[1], self.context, self.default_max_tokens)
+        out, greedy = self._generate(ids, p, deadline)
+        rows = out[:, ids.shape[1]:].tolist() * (p["n"] if greedy else 1)     # greedy: n identical completions
+        choices, n_tokens = self._choices(rows, p, chat)
         return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
                 "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.name, "choices": choices,
                 "usage": {"prompt_tokens": ids.shape[1], "completion_tokens": n_tokens,
                           "total_tokens": ids.shape[1] + n_tokens}}
 
+# %% ../nbs/07_serve.ipynb #91ec76ec
+class ModelServer(_Completions, _Generation, _Routes):
+    """The model in folder `model_dir` (a causal LM, e.g. a release's `merged/`) behind OpenAI-compatible routes:
+    GET /health, GET /v1/models, POST /v1/completions and /v1/chat/completions (`handle`). Each request is checked
+    (`completion_params`) and answers within `max_time` seconds, its wait for one of `concurrency` generation slots
+    included; a folder of a `pixrl release` is checked against its `release.json` first."""
+    def __init__(self, model_dir, name: str | None = None, max_time: float = SERVE_MAX_TIME,
+                 concurrency: int = SERVE_CONCURRENCY):
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from pixrl.pix.policy import load_tokenizer, stop_ids
+        from pixrl.release import check_release_of
+        _check_serve_limits(max_time, concurrency)
+        d = Path(model_dir)
+        if not (d / "config.json").is_file():
+            raise ValueError(f"{str(d)!r} has no config.json; accepted: a model folder (a release's or an export's merged/)")
+        check_release_of(d)
+        cfg = AutoConfig.from_pretrained(d, local_files_only=True)
+        if getattr(cfg, "vision_config", None) is not None:
+            from transformers import AutoModelForImageTextToText as auto_model   # served on text prompts
+        else:
+            auto_model = AutoModelForCausalLM
+        self.tokenizer = load_tokenizer(d)
+        self.model = auto_model.from_pretrained(d, dtype=torch.float32, local_files_only=True).eval()
+        self.context = context_length(self.model.config)
+        if self.context is None:
+            raise ValueError(f"{str(d)!r}: its config records no max_position_embeddings, so no token budget")
+        self.stop = stop_ids(self.tokenizer, self.model)
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (self.stop or [0])[0]
+        gmax = getattr(self.model.generation_config, "max_new_tokens", None)
+        self.default_max_tokens = gmax if _is_int(gmax) and gmax > 0 else 16
+        self.name = name or str(d)
+        self.max_time, self.concurrency = float(max_time), concurrency
+        self._slots = threading.BoundedSemaphore(concurrency)
+        self._tok_lock = threading.Lock()     # one tokenizer call at a time (a fast tokenizer is not re-entrant)
+
+# %% ../nbs/07_serve.ipynb #6831ec9e
+def _request_body(handler, method: str) -> bytes | None:
+    "The body of a request to `handler` (None unless a POST): 411 without a Content-Length, 413 over MAX_BODY_BYTES."
+    if method != "POST":
+        return None
+    n = handler.headers.get("Content-Length")
+    if n is None or not n.strip().isdigit():
+        raise RequestError(411, f"Content-Length {n!r}; accepted: a POST with a Content-Length header")
+    if int(n) > MAX_BODY_BYTES:
+        raise RequestError(413, f"a request body of {int(n)} bytes; accepted: at most {MAX_BODY_BYTES}")
+    return handler.rfile.read(int(n))
+
+def _send_json(handler, status: int, payload: dict):
+    "Answer the request to `handler` with `status` and the JSON `payload` (a client that left is ignored)."
+    data = json.dumps(payload).encode()
+    try:
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        if status == 503:
+            handler.send_header("Retry-After", "1")
+        handler.end_headers()
+        handler.wfile.write(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass                                                 # the client left
+
+# %% ../nbs/07_serve.ipynb #b35a78ba
 def make_http_server(server: ModelServer, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
     """A threaded HTTP server for `server` on `host:port` (0: a free port; `.server_port` says which), one thread
     per connection; not started (`serve_forever`). No authentication: bind loopback unless others should use it."""
@@ -286,30 +348,13 @@ def make_http_server(server: ModelServer, host: str = "127.0.0.1", port: int = 0
         def _reply(self, method: str):
             started = time.monotonic()
             try:
-                body = None
-                if method == "POST":
-                    n = self.headers.get("Content-Length")
-                    if n is None or not n.strip().isdigit():
-                        raise RequestError(411, f"Content-Length {n!r}; accepted: a POST with a Content-Length header")
-                    if int(n) > MAX_BODY_BYTES:
-                        raise RequestError(413, f"a request body of {int(n)} bytes; accepted: at most {MAX_BODY_BYTES}")
-                    body = self.rfile.read(int(n))
+                body = _request_body(self, method)
                 status, payload = server.handle(method, self.path, body, started)
             except RequestError as e:
                 status, payload = e.status, _error_body(e.status, str(e))
             except Exception as e:                                   # a failure of the model: 500, the server stays up
                 status, payload = 500, _error_body(500, f"{type(e).__name__}: {str(e)[:300]}")
-            data = json.dumps(payload).encode()
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                if status == 503:
-                    self.send_header("Retry-After", "1")
-                self.end_headers()
-                self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):
-                pass                                                 # the client left
+            _send_json(self, status, payload)
 
         def do_GET(self):
             self._reply("GET")
@@ -321,6 +366,7 @@ def make_http_server(server: ModelServer, host: str = "127.0.0.1", port: int = 0
     httpd.daemon_threads = True
     return httpd
 
+# %% ../nbs/07_serve.ipynb #93518069
 def serve_model(model_dir, host: str = "127.0.0.1", port: int = 8000, name: str | None = None,
                 max_time: float = SERVE_MAX_TIME, concurrency: int = SERVE_CONCURRENCY) -> None:
     "Serve `model_dir` on `host:port` in the foreground (`ModelServer` + `make_http_server`) until interrupted."
@@ -373,10 +419,7 @@ def server_command(export_dir, backend: str = "auto", host: str = "127.0.0.1", p
     `python -m pixrl.serve`, on `merged/`: every request checked and answered within `max_time` s, `concurrency`
     generations at once), "vllm" (GPU; base model + `--enable-lora` with the adapter), "auto" (vllm when CUDA + vllm
     exist). Binds `host` (loopback by default; neither server has authentication)."""
-    if not _is_num(max_time) or max_time <= 0:
-        raise ValueError(f"max_time {max_time!r}; accepted: a number of seconds > 0")
-    if not _is_int(concurrency) or concurrency < 1:
-        raise ValueError(f"concurrency {concurrency!r}; accepted: an integer ≥ 1")
+    _check_serve_limits(max_time, concurrency)
     v = load_version(export_dir)
     root = Path(export_dir)
     if backend == "auto":
@@ -415,6 +458,7 @@ def _get(url: str, timeout: float = 2.0) -> int:
     except (urllib.error.URLError, ConnectionError, OSError):
         return 0
 
+# %% ../nbs/07_serve.ipynb #7fdfe4ac
 @contextmanager
 def start_server(export_dir, backend: str = "auto", host: str = "127.0.0.1", port: int | None = None,
                  startup_timeout: float = 180.0, log_path=None, max_time: float = SERVE_MAX_TIME,
@@ -455,6 +499,7 @@ def start_server(export_dir, backend: str = "auto", host: str = "127.0.0.1", por
                 proc.wait(timeout=15)
         log.close()
 
+# %% ../nbs/07_serve.ipynb #7c01ae6f
 def complete(base_url: str, model: str, prompt: str, max_tokens: int = 32, temperature: float = 0.0,
              timeout: float = 120.0, endpoint: str = "/v1/completions", max_retries: int = 2) -> tuple[int, dict]:
     """An OpenAI completion (or chat when `endpoint` is /v1/chat/completions) through the `openai` client (retries

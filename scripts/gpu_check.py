@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     env = {**os.environ, "PIXRL_CACHE": str(work / "cache")}
     cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "B", "--model", str(mdir), "--runs-root",
            str(work / "runs"), "--name", "gpu", "--smoke", "--levels", "0,1", "--probe-per-level", "4",
-           "--probe-k", "4", "--groups-per-step", "4", "--lora-rank", "32", "--save-steps", "1"]
+           "--probe-k", "4", "--groups-per-step", "4", "--lora-r", "32", "--save-steps", "1"]
     t0 = time.time()
     run = work / "runs" / "gpu"; log = run / "campaign.log"
     sys.stdout.flush()

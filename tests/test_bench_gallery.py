@@ -42,7 +42,7 @@ def test_run_benchmark_refuses_non_test_tasks():
 
 def test_committed_base_record_is_consistent():
     rec = load_record(BASE / "bench.json")
-    assert rec["kind"] == "pixrl.pix.bench" and rec["config"]["task_ids"] == [t.id for t in benchmark_tasks()]
+    assert rec["kind"] == "pixrl.bench" and rec["config"]["task_ids"] == [t.id for t in benchmark_tasks()]
     again = summarise(rec["tasks"])
     assert again["overall"] == rec["overall"] and again["per_family"] == rec["per_family"]
     assert all(len(r["samples"]) == rec["config"]["n"] for r in rec["tasks"])

@@ -32,10 +32,10 @@ CAMPAIGN_BAD = {
     "name": ["", 7],
     "levels": [Parsed(9, "(9,)"), "", Parsed("0,9", "(0, 9)"), Parsed(-1, "(-1,)"), Parsed("0,0", "(0, 0)"), "0,x", (), (0.5,), None, True],
     "steps_per_level": [0, -1, 1.5, "20", True],
-    "rollouts": [1, 0, 2.0],
+    "num_generations": [1, 0, 2.0],
     "groups_per_step": [0, -2, 1.5],
-    "lr": [-1, 0, NAN, "abc", INF, True, None],
-    "lora_rank": [-4, 1.5, "16"],
+    "learning_rate": [-1, 0, NAN, "abc", INF, True, None],
+    "lora_r": [-4, 1.5, "16"],
     "temperature": [0, -0.5, NAN, "1"],
     "max_new_tokens": [-5, 0, 1.5, "512"],
     "reward": ["iou", "", None],
@@ -70,13 +70,13 @@ MEM_BAD = {
     "omega": [-1.0, INF],
     "std_norm": ["no", 0, None],
     "steps": [0, 2.5],
-    "questions_per_step": [0, True],
-    "group_size": [1, 8.0],
+    "groups_per_step": [0, True],
+    "num_generations": [1, 8.0],
     "mini_batch_questions": [0, 3, 1.0],
-    "ppo_epochs": [0, "1"],
-    "clip_ratio": [0, 1, -0.2, NAN],
-    "kl_coef": [-0.001, NAN],
-    "lr": [0, -1, NAN, "2e-3"],
+    "num_iterations": [0, "1"],
+    "epsilon": [0, 1, -0.2, NAN],
+    "beta": [-0.001, NAN],
+    "learning_rate": [0, -1, NAN, "2e-3"],
     "warmup_steps": [-1, 0.5],
     "weight_decay": [-0.1, INF],
     "max_grad_norm": [0, -1.0, NAN],
@@ -103,10 +103,11 @@ MEM_BAD = {
     "report_to": ["wandb", None],
 }
 
-# the red-team issue's list (item 11), verbatim: each used to pass validate
-ISSUE_18 = [("lr", -1), ("lr", 0), ("lr", NAN), ("lr", "abc"),
+# the red-team issue's list (item 11), verbatim but for its lr and lora_rank, now learning_rate and lora_r: each used
+# to pass validate
+ISSUE_18 = [("learning_rate", -1), ("learning_rate", 0), ("learning_rate", NAN), ("learning_rate", "abc"),
             ("levels", 9), ("levels", ""), ("levels", "0,9"), ("levels", -1),
-            ("temperature", 0), ("temperature", -1.0), ("groups_per_step", 0), ("lora_rank", -4),
+            ("temperature", 0), ("temperature", -1.0), ("groups_per_step", 0), ("lora_r", -4),
             ("max_new_tokens", -5), ("replay_share", 5), ("sft_epochs", -1), ("steps_per_level", 1.5),
             ("smoke", "no"), ("smoke", "False")]
 
@@ -168,7 +169,7 @@ def test_red_team_values_refused_before_the_model(name, bad, tmp_path):
 
 
 def test_messages_name_field_value_and_accepted(tmp_path):
-    assert _refusal("lr", 0, tmp_path) == "lr=0; accepted: a finite number > 0"
+    assert _refusal("learning_rate", 0, tmp_path) == "learning_rate=0; accepted: a finite number > 0"
     assert _refusal("smoke", "no", tmp_path) == "smoke='no'; accepted: True or False"
     assert _refusal("levels", "", tmp_path) == ("levels=''; accepted: a non-empty tuple of distinct items, "
                                                 "each an int in [0, 4]")
@@ -179,13 +180,13 @@ def test_messages_name_field_value_and_accepted(tmp_path):
 
 
 def test_good_values_still_accepted(tmp_path):
-    for kw in (dict(lr=1), dict(levels="0,2"), dict(levels=[1, 3]), dict(levels=4), dict(arm="a", sft_levels="0"),
-               dict(replay_share=0), dict(max_new_tokens=None), dict(lora_rank=0), dict(smoke=True, name="x"),
-               dict(report_to="none"), dict(exec_slack=0)):
+    for kw in (dict(learning_rate=1), dict(levels="0,2"), dict(levels=[1, 3]), dict(levels=4),
+               dict(arm="a", sft_levels="0"), dict(replay_share=0), dict(max_new_tokens=None), dict(lora_r=0),
+               dict(smoke=True, name="x"), dict(report_to="none"), dict(exec_slack=0)):
         cfg = CampaignConfig(runs_root=str(tmp_path), **kw)
         assert check_fields(cfg) is cfg, kw
     assert CampaignConfig(levels="0, 2").levels == (0, 2) and CampaignConfig(arm="a").arm == "A"
-    MemTrainConfig(mini_batch_questions=1, chunks_per_doc=(4, 4), val_every=0, lr=1).validate()
+    MemTrainConfig(mini_batch_questions=1, chunks_per_doc=(4, 4), val_every=0, learning_rate=1).validate()
 
 
 def test_sft_levels_outside_the_plan_refused(tmp_path):
@@ -199,7 +200,8 @@ def test_cli_values_reach_validate_typed(tmp_path, capsys):
     assert {f.name: getattr(a, f.name) for f in dataclasses.fields(CampaignConfig)} == dataclasses.asdict(CampaignConfig())
     assert _parser().parse_args(["run", "--no-fast-rollouts", "--smoke"]).fast_rollouts is False
     for argv, needle in ((["--levels", "0,9"], "levels=(0, 9)"), (["--levels", ""], "levels=''"),
-                         (["--lr", "nan"], "lr=nan"), (["--lr", "0"], "lr=0.0"), (["--steps-per-level", "0"], "steps_per_level=0"),
+                         (["--learning-rate", "nan"], "learning_rate=nan"), (["--learning-rate", "0"], "learning_rate=0.0"),
+                         (["--steps-per-level", "0"], "steps_per_level=0"),
                          (["--sft-levels", "1,1", "--arm", "A"], "sft_levels=(1, 1)")):
         assert cli_main(["run", "--runs-root", str(tmp_path / "runs"), *argv]) == 2, argv
         assert needle in capsys.readouterr().err, argv

@@ -1,8 +1,8 @@
 """One source of every pix campaign default: `CampaignConfig`'s fields. Each entry point is compared with
 `dataclasses.fields(CampaignConfig)`: `build_plan` and the library functions that take campaign knobs (`run_sft`,
-`run_probe`, `probe_tasks`, and every keyword parameter named like a field), the command line (`pixrl campaign run`),
-train.ipynb's parameters and 07_grpo's `GRPO_KNOBS`. `test_drift_is_caught` shows each comparison failing on a drifted
-copy. No training, no model load."""
+`run_probe`, `probe_tasks`, and every keyword parameter named like a field), the command lines (`pixrl campaign run`,
+each flag typed as its field; the internal `stage`; `pixrl preflight`), train.ipynb's parameters and 07_grpo's
+`GRPO_KNOBS`. `test_drift_is_caught` shows each comparison failing on a drifted copy. No training, no model load."""
 import dataclasses
 import functools
 import inspect
@@ -17,8 +17,8 @@ from pixrl.pix.campaign import ARMS, CampaignConfig, _parser, build_plan
 
 NBS = Path(__file__).parents[1] / "nbs"
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(CampaignConfig)}
-GRPO_FIELD = {"num_generations": "rollouts"}     # grpo_config's name -> the CampaignConfig field, where they differ
-MODULES = ("pixrl.pix.campaign", "pixrl.pix.grpo", "pixrl.pix.probe", "pixrl.pix.harvest", "pixrl.cli", "pixrl.pix.preflight")
+MODULES = ("pixrl.pix.campaign", "pixrl.pix.campaign_plan", "pixrl.pix.campaign_config", "pixrl.pix.grpo", "pixrl.pix.probe",
+           "pixrl.pix.harvest", "pixrl.cli", "pixrl.pix.preflight")
 # keyword parameters named like a field whose default is a different thing on purpose: (function, parameter) -> why
 NOT_THE_CAMPAIGN_KNOB = {
     ("pixrl.pix.grpo.run_grpo", "replay_share"): "the stage's resolved share (0.0: no replay), not the arm-default knob",
@@ -75,7 +75,7 @@ def run_sft_knobs(monkeypatch, tmp_path) -> dict:
     kw = e.value.args[0]
     args = kw["args"]
     return {"sft_epochs": args["num_train_epochs"], "sft_lr": args["learning_rate"], "save_steps": args["save_steps"],
-            "sft_batch": args["per_device_train_batch_size"] * grpo.world_size(), "lora_rank": kw["peft_config"].r}
+            "sft_batch": args["per_device_train_batch_size"] * grpo.world_size(), "lora_r": kw["peft_config"].r}
 
 
 def run_probe_k() -> int:
@@ -97,12 +97,12 @@ def run_probe_k() -> int:
 
 
 def grpo_knobs() -> dict:
-    "07_grpo's GRPO_KNOBS (its hidden setup cell, run alone), keyed by CampaignConfig field."
-    nb = json.loads((NBS / "07_grpo.ipynb").read_text())
+    "07_grpo's GRPO_KNOBS (its hidden setup cell, run alone): grpo_config's knob names, which are CampaignConfig fields."
+    nb = json.loads((NBS / "pix" / "07_grpo.ipynb").read_text())
     cell = next(c for c in nb["cells"] if "GRPO_KNOBS =" in "".join(c["source"]))
     namespace = {}
     exec("".join(cell["source"]), namespace)
-    return {GRPO_FIELD.get(k, k): v for k, v in namespace["GRPO_KNOBS"].items()}
+    return dict(namespace["GRPO_KNOBS"])
 
 
 def test_build_plan_defaults_are_the_config():
@@ -122,7 +122,7 @@ def test_build_plan_reads_the_config_at_call_time(monkeypatch):
 def test_named_keyword_defaults_are_the_config():
     "A keyword parameter named like a field defaults to None (read from the config) or to the field's own default."
     found = named_knob_defaults()
-    assert ("pixrl.pix.campaign.gate_relative", "exec_slack") in found          # the scan sees the modules' functions
+    assert ("pixrl.pix.campaign_plan.gate_relative", "exec_slack") in found          # the scan sees the modules' functions
     kept = {key: v for key, v in found.items() if key not in NOT_THE_CAMPAIGN_KNOB}
     wrong = {key: (v, DEFAULTS[key[1]]) for key, v in kept.items() if drift({key[1]: v}) != {}}
     assert wrong == {}
@@ -160,6 +160,39 @@ def test_cli_defaults_are_the_config():
     assert bools and all(type(args[n]) is bool for n in bools)             # --x / --no-x, defaulting to the config's
 
 
+# a value of each kind as the command line gives it, and the type the flag must turn it into
+CLI_SAMPLE = {"int": ("3", int), "float": ("0.5", float), "str": ("x", str), "tuple": ("0,1", tuple)}
+
+
+def test_cli_reads_each_field_as_its_type():
+    "Every `run` flag turns its text into the field's kind (`int | None` an int, a level list a tuple), a bool flag into True/False."
+    for f in dataclasses.fields(CampaignConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind = f.type.split(" | ")[0]
+        if kind == "bool":
+            on, off = (vars(_parser().parse_args(["run", x]))[f.name] for x in (flag, "--no-" + flag[2:]))
+            assert (on, off) == (True, False), f.name
+            continue
+        text, typ = CLI_SAMPLE[kind]
+        value = vars(_parser().parse_args(["run", flag, text]))[f.name]
+        assert type(value) is typ, (f.name, f.type, value)
+
+
+def test_stage_and_preflight_command_defaults_are_the_config(monkeypatch):
+    "The internal `stage` command reports where the config's default says; `pixrl preflight` (13_preflight) controls as many tasks."
+    stage = _parser().parse_args(["stage", "--run-dir", "r", "--stage", "0"])
+    assert drift({"report_to": stage.report_to}) == {}
+    import pixrl.pix.preflight as preflight
+
+    def stop(**kw):
+        raise Captured(kw)
+    monkeypatch.setattr(preflight, "run_preflight", stop)
+    with pytest.raises(Captured) as e:
+        preflight.cli_main([])
+    kw = e.value.args[0]
+    assert drift({"preflight_control_n": kw["positive_control_n"], "seed": kw["seed"]}) == {}
+
+
 def test_train_notebook_defaults_are_the_config():
     "train.ipynb runs in nbs/, so its runs_root is ../runs; every other parameter is the field's default."
     params = notebook_parameters(NBS / "train.ipynb")
@@ -172,7 +205,7 @@ def test_grpo_knobs_are_the_config():
     "GRPO_KNOBS holds every knob grpo_config requires (max_new_tokens apart), each at CampaignConfig's default."
     from pixrl.pix.grpo import grpo_config
     knobs = grpo_knobs()
-    required = {GRPO_FIELD.get(p.name, p.name) for p in inspect.signature(grpo_config).parameters.values()
+    required = {p.name for p in inspect.signature(grpo_config).parameters.values()
                 if p.kind is p.KEYWORD_ONLY and p.default is p.empty}
     assert set(knobs) == required - {"max_new_tokens"}
     assert drift(knobs) == {}
@@ -180,7 +213,7 @@ def test_grpo_knobs_are_the_config():
 
 def test_drift_is_caught(monkeypatch, tmp_path):
     "Each comparison above fails on a drifted copy of what it compares."
-    assert drift({"lr": CampaignConfig.lr * 2}) == {"lr": (CampaignConfig.lr * 2, CampaignConfig.lr)}
+    assert drift({"learning_rate": 1e-3}) == {"learning_rate": (1e-3, CampaignConfig.learning_rate)}
     assert drift({"smoke": 0}) and drift({"steps_per_level": 54.0}) and drift({"no_such_field": 1})
     # build_plan with its former typed defaults (20 steps, 2 SFT epochs): every arm's plan differs
     old_build_plan = functools.partial(build_plan, steps_per_level=20, sft_epochs=2.0)
@@ -194,7 +227,7 @@ def test_drift_is_caught(monkeypatch, tmp_path):
     assert set(drift({**args, "fast_rollouts": not args["fast_rollouts"]})) == {"fast_rollouts"}
     params = {**notebook_parameters(NBS / "train.ipynb"), "runs_root": CampaignConfig.runs_root}
     assert set(drift({**params, "steps_per_level": params["steps_per_level"] + 1})) == {"steps_per_level"}
-    assert set(drift({**grpo_knobs(), "lr": 1e-3})) == {"lr"}                # GRPO_KNOBS' former lr
+    assert set(drift({**grpo_knobs(), "learning_rate": 1e-3})) == {"learning_rate"}   # GRPO_KNOBS' lr, drifted
     # a typed default in a library function named like a field
     def typed(policy, tasks=None, probe_k=3):
         "A probe whose k is typed in its signature, not read from the config."

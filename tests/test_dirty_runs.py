@@ -16,7 +16,8 @@ import pytest
 import pixrl.core as core
 from pixrl.pix import campaign
 from pixrl.pix.campaign import CampaignConfig, clean_tree_required, recipe, validate
-from pixrl.core import DirtyTree, PROVISIONAL, recorded_run, require_clean, results_table, run_record
+from pixrl.core import DirtyTree, recorded_run, require_clean, run_record, run_record_of
+from pixrl.results import PROVISIONAL, results_table
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT / "nbs"
@@ -130,7 +131,7 @@ def _claims_checkout(root: Path, record: dict, answer: str) -> Path:
         {"output_type": "stream", "name": "stdout", "text": json.dumps(record) + "\ngain +0.10\n"}]}
     (root / "runs" / "x.ipynb").write_text(json.dumps({"cells": [cell]}))
     entry = dict(name="x", line="pix", status="current", why="a test run", command="papermill nbs/x.ipynb runs/x.ipynb",
-                 model=None)
+                 model=None, record=run_record_of(root / "runs" / "x.ipynb"))
     (root / "runs" / "registry.json").write_text(json.dumps([entry]))
     claim = dict(question="Does x gain?", answer=answer, seeds=1, run="x", prints="gain +0.10", seed_claim="n/a: a test")
     (root / "runs" / "claims.json").write_text(json.dumps([claim]))

@@ -2,7 +2,7 @@
 beside the same stage in 1 process, both started by the campaign CLI as users start them.
 
 Checked: each rank generated its share of every batch, the global batch per optimizer step is the config's
-(groups_per_step · rollouts = per device × processes, as TRL computes it), both ranks end with identical trainable
+(groups_per_step · num_generations = per device × processes, as TRL computes it), both ranks end with identical trainable
 weights that moved during training, and the 2-process stage's probe is within the paired bootstrap CI
 (`pixrl.stats.paired_bootstrap`, per-task reward) of the 1-process one. A too-large `num_processes` is refused
 before anything trains. An SFT stage (arm A's sft-L0) runs under the same launcher: each rank trains on its
@@ -13,14 +13,14 @@ import pytest
 from pixrl.pix.campaign import CampaignConfig, validate, process_capacity
 from pixrl.stats import paired_bootstrap, per_task_means
 
-GROUPS, ROLLOUTS, STEPS = 2, 4, 2
+GROUPS, GENERATIONS, STEPS = 2, 4, 2
 
 
 def _cmd(root, name, num_processes, arm="B"):
     return [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", arm, "--model", "pixrl-tiny", "--runs-root",
             str(root), "--name", name, "--levels", "0", "--steps-per-level", str(STEPS), "--probe-per-level", "2",
-            "--probe-k", "2", "--groups-per-step", str(GROUPS), "--rollouts", str(ROLLOUTS), "--max-new-tokens", "48",
-            "--lora-rank", "8", "--preflight-control-n", "10", "--num-processes", str(num_processes)]
+            "--probe-k", "2", "--groups-per-step", str(GROUPS), "--num-generations", str(GENERATIONS), "--max-new-tokens", "48",
+            "--lora-r", "8", "--preflight-control-n", "10", "--num-processes", str(num_processes)]
 
 
 def _root_and_env(tmp_path_factory, name):
@@ -83,10 +83,10 @@ def test_global_batch_and_shares(runs):
     ranks = _stage(runs[2])["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {2}
     for r in ranks:
-        assert r["global_batch"] == GROUPS * ROLLOUTS                       # what the config says, as TRL computes it
-        assert r["per_device_batch"] * r["world_size"] == GROUPS * ROLLOUTS
+        assert r["global_batch"] == GROUPS * GENERATIONS                       # what the config says, as TRL computes it
+        assert r["per_device_batch"] * r["world_size"] == GROUPS * GENERATIONS
         assert r["generated"] == r["per_device_batch"] * STEPS              # each rank generated its share, every step
-    assert sum(r["generated"] for r in ranks) == GROUPS * ROLLOUTS * STEPS
+    assert sum(r["generated"] for r in ranks) == GROUPS * GENERATIONS * STEPS
 
 
 def test_ranks_hold_identical_weights(runs):
@@ -111,7 +111,7 @@ def test_too_many_processes_refused(tmp_path):
         validate(CampaignConfig(runs_root=str(tmp_path), model="pixrl-tiny", num_processes=cap + 1))
     if cap >= 2:
         with pytest.raises(ValueError, match="num_processes=2 does not divide the batch of 9 completions"):
-            validate(CampaignConfig(runs_root=str(tmp_path), model="pixrl-tiny", groups_per_step=3, rollouts=3,
+            validate(CampaignConfig(runs_root=str(tmp_path), model="pixrl-tiny", groups_per_step=3, num_generations=3,
                                     num_processes=2))
         with pytest.raises(ValueError, match="num_processes=2 does not divide the batch of 15 SFT examples"):
             validate(CampaignConfig(runs_root=str(tmp_path), model="pixrl-tiny", arm="A", sft_batch=15, num_processes=2))

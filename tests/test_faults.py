@@ -14,7 +14,7 @@ STEPS = 4
 def _cmd(root, name):
     return [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "B", "--runs-root", str(root), "--name", name,
             "--levels", "0", "--steps-per-level", str(STEPS), "--probe-per-level", "2", "--probe-k", "2",
-            "--groups-per-step", "1", "--max-new-tokens", "48", "--lora-rank", "8", "--save-steps", "1",
+            "--groups-per-step", "1", "--max-new-tokens", "48", "--lora-r", "8", "--save-steps", "1",
             "--preflight-control-n", "4"]
 
 

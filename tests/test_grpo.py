@@ -18,9 +18,10 @@ REWARDS = [0.05, 0.9, 0.3, 0.3,   0.0, 0.0, 0.0, 1.0,   0.5, 0.5, 0.5, 0.5]   # 
 
 
 def _knobs(cfg: CampaignConfig, **over) -> dict:
-    return {"lr": cfg.lr, "num_generations": G, "groups_per_step": len(REWARDS) // G, "temperature": cfg.temperature,
-            "max_new_tokens": 8, "seed": cfg.seed, "save_steps": cfg.save_steps, "scale_rewards": cfg.scale_rewards,
-            "loss_type": cfg.loss_type, "beta": cfg.beta, "num_iterations": cfg.num_iterations, **over}
+    return {"learning_rate": cfg.learning_rate, "num_generations": G, "groups_per_step": len(REWARDS) // G,
+            "temperature": cfg.temperature, "max_new_tokens": 8, "seed": cfg.seed, "save_steps": cfg.save_steps,
+            "scale_rewards": cfg.scale_rewards, "loss_type": cfg.loss_type, "beta": cfg.beta,
+            "num_iterations": cfg.num_iterations, **over}
 
 
 @pytest.fixture(scope="module")

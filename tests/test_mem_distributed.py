@@ -1,6 +1,6 @@
 """The mem trainer (`pixrl.mem.train.MemGRPOTrainer`) under `accelerate launch` with 2 CPU processes (gloo), started
 as a user starts it: each rank rolls out its share of every step's questions, the global batch per optimizer step
-is the config's (questions_per_step · group_size episodes), and the two ranks hold identical weights that moved.
+is the config's (groups_per_step · num_generations episodes), and the two ranks hold identical weights that moved.
 The script ends as a launched script must (`pixrl.core.exit_launched_rank`): without it about 1 launch in 10 aborted
 at interpreter exit, after both ranks had written their records."""
 import json, os, socket, subprocess, sys
@@ -15,7 +15,7 @@ from pixrl.core import rank, exit_launched_rank
 from pixrl.mem.train import MemTrainConfig, MemGRPOTrainer, cpu_corpus
 from pixrl.mem.model import VAL_FRACTION
 from pixrl.mem.corpus import split_by_project
-cfg = MemTrainConfig(model="pixrl-mem-tiny", steps={steps}, questions_per_step={questions}, group_size={group}, val_every=1, val_questions=4)
+cfg = MemTrainConfig(model="pixrl-mem-tiny", steps={steps}, groups_per_step={questions}, num_generations={group}, val_every=1, val_questions=4)
 train, val = split_by_project(cpu_corpus(cfg)[0], VAL_FRACTION, 0)
 trainer = MemGRPOTrainer(cfg, train, val)
 hist = trainer.train()
@@ -69,5 +69,5 @@ def test_mem_trainer_ranks_hold_identical_weights(ranks):
 def test_mem_trainer_refuses_unsplittable_questions(monkeypatch):
     from pixrl.mem.train import MemTrainConfig, MemGRPOTrainer
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ValueError, match="questions_per_step=3 does not split over 2 processes"):
-        MemGRPOTrainer(MemTrainConfig(model="pixrl-mem-tiny", questions_per_step=3), [object()])
+    with pytest.raises(ValueError, match="groups_per_step=3 does not split over 2 processes"):
+        MemGRPOTrainer(MemTrainConfig(model="pixrl-mem-tiny", groups_per_step=3), [object()])

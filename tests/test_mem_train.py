@@ -1,11 +1,12 @@
 """mem line — trainer checks (assertion a7, docs/mem.md §assertions, + bad input). a7 runs in `make test` (≈ 1–3 min on 2 cores)."""
-import math, multiprocessing as mp, time
+import json, math, multiprocessing as mp, time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pixrl.mem.train import (MemTrainConfig, MemGRPOTrainer, Gen, rollout, batch_rows, trajectory_metrics, cpu_corpus,
-                             gate_probe)
+                             gate_probe, RENAMED, upgrade_saved_config)
 from pixrl.mem.model import VAL_FRACTION, question_subject, mentions
 from pixrl.mem.corpus import split_by_project
 
@@ -16,6 +17,7 @@ def a7_fixture(seed: int = 0) -> list:
     return [r for r in train if not any(mentions(question_subject(r.question), c.text) for c in r.chunks if not c.evidence)]
 
 A7_STEPS = 50
+RUNS = Path(__file__).parents[1] / "runs"
 
 
 class GarbagePolicy:
@@ -33,7 +35,7 @@ def test_mem_train_bad_alpha_rejected_before_training():
 
 def test_mem_train_unparsed_turns_have_defined_rewards():
     records, _ = cpu_corpus()
-    trajs = rollout(GarbagePolicy(), records[:2], group_size=3)
+    trajs = rollout(GarbagePolicy(), records[:2], num_generations=3)
     for tr in trajs:
         r = tr.rewards
         assert r["r_format"] == 0.0 and np.all(r["r_update"] == -1.0) and r["r_outcome"] == 0.0
@@ -85,7 +87,7 @@ def test_mem_train_advantage_by_name():
         def generate(self, prompts, temperature=1.0, top_p=1.0, seed=0, max_new_tokens=None):
             return [Gen(list(p.encode()), [4, 5], "<check>maybe</check> free text") for p in prompts]
     records, _ = cpu_corpus()
-    trajs = rollout(Unchanging(), records[:2], group_size=3)
+    trajs = rollout(Unchanging(), records[:2], num_generations=3)
     rng = np.random.default_rng(0)
     for tr in trajs:   # distinct rewards so the three assignments differ
         tr.rewards = dict(tr.rewards, r_traj=float(rng.normal()), r_update=rng.choice([-1.0, 1.0], size=len(tr.turns)))
@@ -98,3 +100,24 @@ def test_mem_train_advantage_by_name():
     gi = [r.advantage for r in batch_rows(trajs, 0.9, advantage="gigpo", omega=1.0) if r.kind == "turn"]
     tb = [2 * r.advantage for r in batch_rows(trajs, 0.5, advantage="two_baseline") if r.kind == "turn"]
     assert gi == pytest.approx(tb)
+
+
+@pytest.mark.parametrize("old,new", list(RENAMED.items()))
+def test_mem_config_refuses_earlier_names(old, new):
+    "An earlier field name (before the TRL GRPOConfig names) is refused, naming the field, its value and its new name."
+    with pytest.raises(TypeError, match=rf"^MemTrainConfig: {old}=4 is now {new}=4 .*; accepted: {new}$"):
+        MemTrainConfig(**{old: 4})
+
+
+def test_saved_mem_configs_read_under_new_names():
+    "The committed runs/mem_alpha*/config.json (written under the earlier names) read back as configs of today's."
+    paths = sorted(RUNS.glob("mem_alpha*/config.json"))
+    assert paths
+    for path in paths:
+        saved = json.loads(path.read_text())
+        assert set(RENAMED) <= set(saved)
+        cfg = MemTrainConfig(**upgrade_saved_config(saved))
+        assert (cfg.learning_rate, cfg.num_generations, cfg.groups_per_step) == (saved["lr"], saved["group_size"],
+                                                                                  saved["questions_per_step"])
+    with pytest.raises(ValueError, match="holds both names of lr/learning_rate"):
+        upgrade_saved_config({"lr": 1e-3, "learning_rate": 1e-3})

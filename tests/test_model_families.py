@@ -273,7 +273,7 @@ def test_family_smoke_campaign_and_probe(family, tmp_path):
     env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", ARM[name], "--model", str(d), "--runs-root",
            str(tmp_path / "runs"), "--name", "fam", "--smoke", "--levels", "0", "--probe-per-level", "1", "--probe-k", "1",
-           "--max-new-tokens", "16", "--rollouts", "2", "--groups-per-step", "1", "--preflight-control-n", "2"]
+           "--max-new-tokens", "16", "--num-generations", "2", "--groups-per-step", "1", "--preflight-control-n", "2"]
     r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = tmp_path / "runs" / "fam"

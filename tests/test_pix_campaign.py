@@ -136,7 +136,7 @@ def test_the_campaign_reward_reaches_trl_and_the_probe(tmp_path):
     env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "B", "--runs-root", str(tmp_path), "--name", "v3b",
            "--levels", "0", "--smoke", "--probe-per-level", "1", "--probe-k", "2", "--groups-per-step", "1",
-           "--max-new-tokens", "48", "--lora-rank", "8", "--reward", "shaped_v3b"]
+           "--max-new-tokens", "48", "--lora-r", "8", "--reward", "shaped_v3b"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     rd = tmp_path / "v3b"

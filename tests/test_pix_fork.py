@@ -8,7 +8,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 COMMON = ["--levels", "0,1", "--steps-per-level", "1", "--sft-epochs", "0.04", "--probe-per-level", "1",
-          "--probe-k", "2", "--groups-per-step", "1", "--rollouts", "4", "--max-new-tokens", "32", "--lora-rank", "8"]
+          "--probe-k", "2", "--groups-per-step", "1", "--num-generations", "4", "--max-new-tokens", "32", "--lora-r", "8"]
 
 
 def _run(tmp_path, arm, name, *extra):

@@ -1,14 +1,20 @@
 """pix campaign resumability: SIGKILL the campaign mid-stage, re-run the same command; it finishes with every stage
 exactly once, the interrupted stage resumes from its Trainer checkpoint (step count continues) and the probe curve
-has one point per stage. Tiny config: arm B on levels 0,1, 3 GRPO steps per stage, a 1-task-per-level probe."""
-import json, os, signal, subprocess, sys, time
+has one point per stage. Tiny config: arm B on levels 0,1, 3 GRPO steps per stage, a 1-task-per-level probe.
+And the committed `make train` campaign (runs/b, recorded before the TRL/peft rename of its knobs) resumes as the same
+campaign: every stage done, nothing run again."""
+import json, os, shutil, signal, subprocess, sys, time
 from pathlib import Path
+
+from pixrl.pix.campaign import CampaignConfig, probe_points, run_campaign
+
+ROOT = Path(__file__).parents[1]
 
 
 def _cmd(root):
     return [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "B", "--runs-root", str(root), "--name", "resume",
             "--levels", "0,1", "--steps-per-level", "3", "--probe-per-level", "1", "--probe-k", "2",
-            "--groups-per-step", "1", "--max-new-tokens", "48", "--lora-rank", "8", "--save-steps", "1"]
+            "--groups-per-step", "1", "--max-new-tokens", "48", "--lora-r", "8", "--save-steps", "1"]
 
 
 def test_sigkill_mid_stage_then_resume(tmp_path):
@@ -50,3 +56,23 @@ def test_sigkill_mid_stage_then_resume(tmp_path):
     from pixrl.pix.campaign import probe_points
     pts = probe_points(state, run_dir)
     assert [p[0] for p in pts] == ["base", "rl-L0", "rl-L1"]         # one probe point per stage (+ base)
+
+
+def test_the_committed_run_resumes_with_every_stage_done(tmp_path, monkeypatch):
+    """runs/b, copied with its checkpoints' folder present: `make train`'s config (runs_root ../runs) passes validate's
+    fingerprint check and the runner skips every stage (no preflight, probe or stage process starts)."""
+    recorded = json.loads((ROOT / "runs" / "b" / "state.json").read_text())
+    assert {"rollouts", "lr", "lora_rank"} <= set(recorded["config"])        # recorded under the old names
+    run_dir = tmp_path / "runs" / "b"
+    shutil.copytree(ROOT / "runs" / "b", run_dir)
+    monkeypatch.setenv("PIXRL_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "campaigns" / recorded["campaign_id"]).mkdir(parents=True)   # its checkpoints: "on this machine"
+    cfg = CampaignConfig(runs_root=str(tmp_path / "runs"))
+    assert cfg.fingerprint() == recorded["fingerprint"] == CampaignConfig(runs_root="../runs").fingerprint()
+    state = run_campaign(cfg, verbose=False)
+    assert [s["status"] for s in state["stages"]] == ["done"] * len(recorded["stages"]) == ["done"] * 5
+    assert state["campaign_id"] == recorded["campaign_id"] and state["events"] == recorded["events"]   # nothing ran
+    assert (run_dir / "campaign.log").read_text() == (ROOT / "runs" / "b" / "campaign.log").read_text()   # no process
+    assert {k: state["config"][k] for k in ("num_generations", "learning_rate", "lora_r")} == {
+        "num_generations": 8, "learning_rate": 5e-4, "lora_r": 16}
+    assert len(probe_points(state, run_dir)) == 1 + 5

@@ -81,7 +81,7 @@ def test_arm_c_smoke_runs_at_the_thinking_operating_point(think_dir, tmp_path):
     env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "C", "--model", str(think_dir), "--runs-root",
            str(tmp_path / "runs"), "--name", "c", "--smoke", "--levels", "0", "--probe-per-level", "1",
-           "--probe-k", "2", "--rollouts", "4", "--groups-per-step", "1", "--max-new-tokens", "40"]
+           "--probe-k", "2", "--num-generations", "4", "--groups-per-step", "1", "--max-new-tokens", "40"]
     r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = tmp_path / "runs" / "c"

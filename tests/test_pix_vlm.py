@@ -102,7 +102,7 @@ def test_vlm_campaign_sft_and_grpo_end_to_end(vlm_dir, tmp_path):
     env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "G", "--model", str(vlm_dir), "--runs-root",
            str(tmp_path / "runs"), "--name", "vlm", "--smoke", "--levels", "0", "--probe-per-level", "2",
-           "--probe-k", "2", "--rollouts", "4", "--groups-per-step", "1", "--max-new-tokens", "24", "--save-steps", "1"]
+           "--probe-k", "2", "--num-generations", "4", "--groups-per-step", "1", "--max-new-tokens", "24", "--save-steps", "1"]
     r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = tmp_path / "runs" / "vlm"

@@ -60,8 +60,8 @@ def test_release_refuses_bad_input(adapter, tmp_path, capsys):
     with pytest.raises(ValueError, match="needs evidence"):
         make_release(adapter / "adapter", tmp_path / "b")
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"kind": "pixrl.pix.agent_loop"}))
-    with pytest.raises(ValueError, match="not a pixrl.pix.bench"):
+    bad.write_text(json.dumps({"kind": "pixrl.agent_loop"}))
+    with pytest.raises(ValueError, match="not a pixrl.bench"):
         make_release(adapter / "adapter", tmp_path / "c", bench=bad)
     with pytest.raises(ValueError, match="probe"):
         make_release(adapter / "adapter", tmp_path / "d", probe=bad)
@@ -74,7 +74,7 @@ def test_release_refuses_bad_input(adapter, tmp_path, capsys):
 
 CAMPAIGN = ["--arm", "B", "--model", "pixrl-tiny", "--name", "rel", "--levels", "0", "--steps-per-level", "2",
             "--probe-per-level", "1", "--probe-k", "2", "--groups-per-step", "1", "--max-new-tokens", "48",
-            "--lora-rank", "8", "--preflight-control-n", "8"]
+            "--lora-r", "8", "--preflight-control-n", "8"]
 
 
 @pytest.fixture(scope="module")
@@ -155,11 +155,28 @@ def test_campaign_release_loads_on_a_fresh_machine(campaign, tmp_path, monkeypat
     card = (fresh / "README.md").read_text()
     assert "`pixrl-tiny` (committed in the pixrl repository at `data/models/pixrl-tiny`" in card
     assert "`rl-L0` (2 steps)" in card and "merged model is the one exact form" in card
+    assert "each trains a rank-8 LoRA on the previous stage's weights" in card and "full fine-tuning" not in card
     assert "| rl-L0 | rl | L0 | 2 steps | done | 2 | yes |" in card
     assert man["data_digest"] == release_digest() and release_digest() in card and "campaign preflight" in man["evidence"]
     # `pixrl serve` serves the released model folder
     argv, _ = server_command(fresh, backend="transformers")
     assert argv[1:4] == ["-m", "pixrl.serve", str(fresh / "merged")]
+
+
+def test_campaign_release_card_names_the_lora_r_of_an_old_state(campaign, tmp_path, monkeypatch):
+    "A state recorded before the rename (`lora_rank`, read back as `lora_r` by load_state) still gives a LoRA card."
+    from pixrl.release import campaign_summary, make_campaign_release
+    run_dir, cache = campaign
+    state = json.loads((run_dir / "state.json").read_text())
+    old = tmp_path / "old"
+    shutil.copytree(run_dir, old)
+    config = {("lora_rank" if k == "lora_r" else k): v for k, v in state["config"].items()}
+    (old / "state.json").write_text(json.dumps({**state, "config": config}))
+    assert campaign_summary(old)[0]["lora_rank"] == campaign_summary(run_dir)[0]["lora_rank"] == 8
+    monkeypatch.setenv("PIXRL_CACHE", str(cache))
+    make_campaign_release(old, tmp_path / "rel")
+    card = (tmp_path / "rel" / "README.md").read_text()
+    assert "a rank-8 LoRA" in card and "full fine-tuning" not in card
 
 
 def test_campaign_release_refuses(campaign, tmp_path, capsys):

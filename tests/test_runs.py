@@ -3,27 +3,21 @@ this repository, no cell failed, every notebook has an entry in `runs/registry.j
 and a run made on a dirty tree is `superseded` there; the results table (`runs/claims.json` → `runs/RESULTS.md` and
 README.md's results block) quotes only what current runs print.
 
-What a notebook must show in its cell outputs:
-
-* a run record — a dict holding at least `commit` and `dirty` (and `seed`, `data_digest`) — in any of the formats the
-  campaign notebooks print: a JSON line (`train.ipynb`: `{"commit": …, "dirty": true, …}`), indented JSON
-  (`offset_ab`, `offset_retrain`), a Python dict (`run record: {'commit': …}` or the dict a cell displays), or a
-  two-column markdown table with a `commit` row;
-* its wall time: a printed `wall …` (`wall time 115.0 s`, `Wall time (this notebook): 12.0 min.`, `wall 72 s`,
-  `| wall_s | 127.3 |`, `wall 3.1 min`), or else `wall_s` in the run's own artefact `runs/<name>/summary.json`
-  (or `runs/<name>/<name>.json`), which the notebook writes from the same timer;
-* no `error` output and no papermill "An Exception was encountered" marker.
+Every run has one record schema, in its `runs/registry.json` entry: `record` = {commit, dirty, seed, data_digest,
+wall_s} (`pixrl.core.check_record`), which must equal what `pixrl.core.run_record_of` reads from the notebook — the
+run record it printed (a JSON line, indented JSON, a Python dict, or a two-column markdown table with a `commit` row;
+else the `record` of its `runs/<name>/summary.json`) and its wall (the last printed `wall …`, minutes converted; else
+`wall_s` of its summary). A notebook must also show no `error` output and no papermill "An Exception was encountered"
+marker.
 
 Exceptions are listed by name in `EXCEPTIONS`, each with its reason. Notebooks with `"status": "superseded"` in
 `runs/registry.json` are the ones whose numbers are not clean evidence; every notebook whose record says
 `dirty: true`, or that has no record, must be one, with a `why` that says so ("dirty tree" / "no run record"). A
 superseded notebook whose record is clean must not give "dirty tree" as its reason (re-run clean → change its status).
-The `## Superseded` table of `runs/README.md` (rows `| `name.ipynb` | reason |`), while it exists, lists the same
-notebooks.
+`runs/README.md` is the registry rendered (`pixrl.results.run_index`): every notebook, with its status.
 """
 from __future__ import annotations
 
-import ast
 import json
 import re
 import shutil
@@ -32,132 +26,35 @@ from pathlib import Path
 
 import pytest
 
-from pixrl.core import notebook_outputs, read_json, read_registry, results_block, results_table
+from pixrl.core import notebook_outputs, read_json, read_registry, run_record_of
+from pixrl.results import FIGURES, results_block, results_table, run_index, write_figures
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "runs"
 NOTEBOOKS = sorted(RUNS.glob("*.ipynb"))
-FIELDS = ("commit", "dirty", "seed", "data_digest", "wall")
+REGISTRY = read_registry(ROOT)
 
-# Named exceptions (notebook stem -> what differs and why). Keep each one true: the tests below fail if an entry
-# names a notebook that is gone, or if a "no_record" notebook turns out to print one.
+# Named exceptions (notebook stem -> the record fields it may lack, and why). Keep each one true: the tests below fail
+# if an entry names a notebook that is gone, or lists a field its record has.
 EXCEPTIONS: dict[str, dict] = {
     "offset_compare": dict(
-        exempt={"seed", "data_digest", "wall"},
+        exempt={"seed", "data_digest", "wall_s"},
         why="trains and samples nothing: it only reads the other offset runs' records (runs/offset_*/metrics.json) "
             "and prints its own commit and dirty flag, so it has no seed, data digest or wall of its own"),
-    "tiny_model": dict(
-        record_file="tiny_model/summary.json", wall_key="seconds",
-        why="the pixrl-tiny build notebook keeps its run record in runs/tiny_model/summary.json (written by its last "
-            "cell) instead of printing it; its wall is the build's `seconds` there (printed as '801,152 parameters, "
-            "914 s')"),
-    "tiny_model_phase1": dict(
-        no_record=True,
-        why="phase 1 of the base build, run by the earlier single-phase notebook, which wrote its record only to "
-            "runs/tiny_model/summary.json — overwritten by phase 2 (tiny_model.ipynb); kept as the tokenizer "
-            "negative result, so it must be listed as superseded"),
 }
-
-_RECORD_START = re.compile(r"""\{\s*["']commit["']\s*:""")
-_WALL = re.compile(r"\bwall(?:[ _]?time|_s)?\b[^\d\n]{0,30}?(\d+(?:\.\d+)?)", re.I)
-_TABLE_ROW = re.compile(r"^\|\s*`?([A-Za-z_]+)`?\s*\|\s*`?([^|`]*?)`?\s*\|\s*$", re.M)
-_HEX = re.compile(r"[0-9a-f]+")
+EXCEPTIONS["offset_dirty_compare"] = dict(EXCEPTIONS["offset_compare"], why="the same notebook, run on a dirty tree "
+                                          "(offset_compare until 2026-12-02): " + EXCEPTIONS["offset_compare"]["why"])
 PAPERMILL_MARKER = "An Exception was encountered"
 
 
 # ---------------------------------------------------------------- reading a notebook
 
-def output_texts(nb: dict) -> list[str]:
-    "Every text an output shows, in cell order (streams, plain text and markdown of results/displays, tracebacks)."
-    out = []
-    for cell in nb.get("cells", []):
-        for o in cell.get("outputs", []) or []:
-            if o.get("output_type") == "stream":
-                out.append("".join(o.get("text", "")))
-            elif o.get("output_type") in ("execute_result", "display_data"):
-                for mime in ("text/plain", "text/markdown"):
-                    v = o.get("data", {}).get(mime)
-                    if v:
-                        out.append("".join(v))
-            elif o.get("output_type") == "error":
-                out.append(f"{o.get('ename')}: {o.get('evalue')}")
-    return out
-
-
-def _dicts_with_commit(text: str):
-    "Dicts starting with a `commit` key printed in `text`, as JSON or as a Python literal."
-    for m in _RECORD_START.finditer(text):
-        i = m.start()
-        try:
-            obj, _ = json.JSONDecoder().raw_decode(text, i)
-            if isinstance(obj, dict):
-                yield obj
-            continue
-        except ValueError:
-            pass
-        j = text.find("}", i)
-        while j != -1:
-            try:
-                obj = ast.literal_eval(text[i:j + 1])
-            except (ValueError, SyntaxError, MemoryError, RecursionError):
-                j = text.find("}", j + 1)
-                continue
-            if isinstance(obj, dict):
-                yield obj
-            break
-
-
-def _table_record(text: str) -> dict | None:
-    "A `| key | value |` markdown table with a `commit` row, as a dict."
-    rows = dict(_TABLE_ROW.findall(text))
-    if "commit" not in rows:
-        return None
-    rec = {}
-    for k, v in rows.items():
-        if k == "dirty" and v.lower() in ("true", "false"):
-            v = v.lower() == "true"
-        elif k == "seed" and re.fullmatch(r"-?\d+", v):
-            v = int(v)
-        rec[k] = v
-    return rec
-
-
-def find_record(texts: list[str]) -> dict | None:
-    "The first printed run record (a dict with `commit` and `dirty`) in the outputs."
-    for t in texts:
-        for d in _dicts_with_commit(t):
-            if "dirty" in d:
-                return d
-        d = _table_record(t)
-        if d is not None and "dirty" in d:
-            return d
-    return None
-
-
-def find_wall(texts: list[str]) -> float | None:
-    "The last printed wall time (a number following 'wall', 'wall time', 'wall_s'): the total comes at the end."
-    found = [m for t in texts for m in _WALL.finditer(t)]
-    return float(found[-1].group(1)) if found else None
-
-
-def _artefact_json(name: str, rel: str | None = None) -> list[dict]:
-    paths = [RUNS / rel] if rel else [RUNS / name / "summary.json", RUNS / name / f"{name}.json"]
-    out = []
-    for p in paths:
-        if p.is_file():
-            d = json.loads(p.read_text())
-            if isinstance(d, dict):
-                out.append(d)
-    return out
-
-
 def read_run(path: Path) -> dict:
-    """What the test knows about one executed notebook: `record` (dict with commit, dirty, seed, data_digest, wall,
-    whatever was found), `errors` (error outputs / papermill markers) and `exception` (its EXCEPTIONS entry)."""
+    """What the test knows about one executed notebook: its registry `record` (one schema for every run, checked by
+    `pixrl.core.check_record`), `printed` (what `run_record_of` reads from the notebook now), `errors` (error outputs /
+    papermill markers) and `exception` (its EXCEPTIONS entry)."""
     nb = json.loads(Path(path).read_text())
     name = Path(path).stem
-    exc = EXCEPTIONS.get(name, {})
-    texts = output_texts(nb)
     errors = []
     for k, cell in enumerate(nb.get("cells", [])):
         if PAPERMILL_MARKER in "".join(cell.get("source", "")):
@@ -165,69 +62,31 @@ def read_run(path: Path) -> dict:
         for o in cell.get("outputs", []) or []:
             if o.get("output_type") == "error":
                 errors.append(f"cell {k}: error output {o.get('ename')}: {str(o.get('evalue'))[:200]}")
-    errors += [f"output contains {PAPERMILL_MARKER!r}" for t in texts if PAPERMILL_MARKER in t]
+    if PAPERMILL_MARKER in notebook_outputs(path):
+        errors.append(f"output contains {PAPERMILL_MARKER!r}")
     if (nb.get("metadata", {}).get("papermill") or {}).get("exception"):
         errors.append("papermill metadata: exception = true")
-    if "record_file" in exc:
-        found = _artefact_json(name, exc["record_file"])
-        record = dict(found[0].get("record", {})) if found else None
-        if record is not None and exc.get("wall_key") in found[0]:
-            record["wall"] = found[0][exc["wall_key"]]
-    else:
-        record = find_record(texts)
-        if record is not None:
-            record = dict(record)
-            wall = find_wall(texts)
-            if wall is None:
-                wall = next((d["wall_s"] for d in _artefact_json(name) if isinstance(d.get("wall_s"), (int, float))),
-                            None)
-            if wall is not None:
-                record["wall"] = wall
-    return dict(name=name, record=record, errors=errors, exception=exc)
+    return dict(name=name, record=REGISTRY[name]["record"], printed=run_record_of(path), errors=errors,
+                exception=EXCEPTIONS.get(name, {}))
 
 
 def record_problems(run: dict) -> list[str]:
-    "What is missing or malformed in a run's record (empty = fine)."
+    "What is missing in a run's registry record (its types are check_record's), or differs from what it printed."
     rec, exc = run["record"], run["exception"]
+    if rec != run["printed"]:
+        return [f"registry record {rec} differs from what the notebook prints, {run['printed']}: "
+                "set it to pixrl.core.run_record_of(notebook)"]
     if rec is None:
-        return [] if exc.get("no_record") else ["no run record printed (a dict with 'commit' and 'dirty')"]
-    if exc.get("no_record"):
-        return ["EXCEPTIONS says it has no run record, but one was found: drop the exception"]
-    probs = []
-    for f in FIELDS:
-        if f in exc.get("exempt", ()):
-            continue
-        if f not in rec:
-            probs.append(f"run record lacks {f!r}" + (" (print 'wall …' or write wall_s to summary.json)"
-                                                      if f == "wall" else ""))
-    c = rec.get("commit")
-    if not (isinstance(c, str) and 7 <= len(c) <= 40 and _HEX.fullmatch(c)):
-        probs.append(f"commit {c!r} is not a 7–40 digit hex hash")
-    if not isinstance(rec.get("dirty"), bool):
-        probs.append(f"dirty {rec.get('dirty')!r} is not a bool")
-    seeds = rec.get("seed") if isinstance(rec.get("seed"), list) else [rec.get("seed")]   # a multi-seed run lists them
-    if "seed" in rec and (not seeds or any(isinstance(x, bool) or not isinstance(x, int) for x in seeds)):
-        probs.append(f"seed {rec['seed']!r} is not an int or a non-empty list of ints")
-    d = rec.get("data_digest")
-    if "data_digest" in rec and not (isinstance(d, str) and len(d) >= 12 and _HEX.fullmatch(d)):
-        probs.append(f"data_digest {d!r} is not a hex digest")
-    if "wall" in rec and not (isinstance(rec["wall"], (int, float)) and rec["wall"] > 0):
-        probs.append(f"wall {rec['wall']!r} is not a positive number")
-    return probs
+        return []          # no record: test_dirty_runs_are_superseded requires it superseded, 'no run record'
+    missing = [f for f in ("seed", "data_digest", "wall_s") if rec[f] is None and f not in exc.get("exempt", ())]
+    listed = sorted(f for f in exc.get("exempt", ()) if rec[f] is not None)
+    return ([f"run record lacks {f!r}" for f in missing]
+            + [f"EXCEPTIONS exempts {listed}, but the record has them: drop the exemption"] * bool(listed))
 
 
 def superseded(root: Path = ROOT) -> dict[str, str]:
     "notebook stem -> reason (its `why`), of the registry entries whose status is `superseded`."
     return {name: e["why"] for name, e in read_registry(root).items() if e["status"] == "superseded"}
-
-
-def readme_superseded(readme: Path = RUNS / "README.md") -> dict[str, str]:
-    "notebook stem -> reason, from the `## Superseded` table of runs/README.md (empty when it has none)."
-    text = readme.read_text()
-    m = re.search(r"^## Superseded[^\n]*\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-    if m is None:
-        return {}
-    return {n: why for n, why in re.findall(r"^\|\s*`([^`|]+)\.ipynb`\s*\|\s*(.*?)\s*\|\s*$", m.group(1), re.M)}
 
 
 def superseded_problems(run: dict, listed: dict[str, str]) -> list[str]:
@@ -322,12 +181,11 @@ def test_registry_has_every_notebook():
     assert sorted(registered - {p.stem for p in NOTEBOOKS}) == []
 
 
-def test_readme_superseded_table_matches_registry():
-    "While runs/README.md keeps its '## Superseded' table, it names the registry's superseded notebooks."
-    table = readme_superseded()
-    if not table:
-        pytest.skip("runs/README.md has no '## Superseded' table")
-    assert sorted(table) == sorted(superseded())
+def test_runs_index_is_generated():
+    "runs/README.md is the registry rendered by `pixrl results` (run_index): one row per registered run, with its status."
+    assert (RUNS / "README.md").read_text() == run_index(ROOT), "run `pixrl results`"
+    rows = re.findall(r"^\| `([^`]+)` \| (current|historical|superseded) \|", (RUNS / "README.md").read_text(), re.M)
+    assert sorted(rows) == sorted((n, e["status"]) for n, e in read_registry(ROOT).items())
 
 
 def test_claims_print_what_they_say():
@@ -348,6 +206,25 @@ def test_readme_results_block():
     assert "<!-- results:begin -->" in text and "<!-- results:end -->" in text, "README.md lost its results markers"
     start, end = results_block(text)
     assert text[start:end].strip() == results_table(ROOT).strip(), "run `pixrl results`"
+
+
+def test_readme_is_a_front_page():
+    "README.md stays a front page: at most 200 lines and 16 KB, every figure it shows is a file of runs/figures/."
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200 and len(text.encode()) <= 16 * 1024, (len(text.splitlines()), len(text.encode()))
+    shown = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert shown and all((ROOT / f).is_file() and f.startswith("runs/figures/") for f in shown), shown
+
+
+def test_figures_are_drawn_from_the_committed_runs(tmp_path):
+    "write_figures re-draws every figure from the committed runs/b and runs/mem_ablation, at the committed sizes."
+    import matplotlib.image
+    for run in ("b", "mem_ablation"):
+        shutil.copytree(RUNS / run, tmp_path / "runs" / run)
+    paths = write_figures(tmp_path)
+    assert [p.name for p in paths] == list(FIGURES)
+    for p in paths:
+        assert matplotlib.image.imread(p).shape == matplotlib.image.imread(RUNS / "figures" / p.name).shape, p.name
 
 
 def test_exceptions_are_current():

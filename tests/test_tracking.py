@@ -12,7 +12,7 @@ from pixrl.pix.campaign import CampaignConfig, validate
 from pixrl.tracking import ProgressDisplay, check_report_to
 
 TINY = dict(arm="B", model="pixrl-tiny", levels=(0,), smoke=True, probe_per_level=1, probe_k=2, groups_per_step=1,
-            max_new_tokens=48, lora_rank=8, preflight_control_n=10)
+            max_new_tokens=48, lora_r=8, preflight_control_n=10)
 
 
 def test_unknown_report_to_refused_before_anything_trains(tmp_path):
@@ -120,7 +120,7 @@ def test_mem_trainer_logs_through_report_to(tmp_path, tracker, pattern):
     "One mem step with report_to=<tracker> → <run_dir>/tracking/<tracker> (own process: trackio reads TRACKIO_DIR on import)."
     code = textwrap.dedent(f"""
         from pixrl.mem.train import MemTrainConfig, MemGRPOTrainer, cpu_corpus
-        cfg = MemTrainConfig(model="pixrl-mem-tiny", steps=1, questions_per_step=1, group_size=2, val_every=0, report_to={tracker!r})
+        cfg = MemTrainConfig(model="pixrl-mem-tiny", steps=1, groups_per_step=1, num_generations=2, val_every=0, report_to={tracker!r})
         trainer = MemGRPOTrainer(cfg, cpu_corpus(cfg)[0][:4], run_dir={str(tmp_path / "mem_run")!r})
         trainer.step()
         trainer.close()

@@ -12,11 +12,11 @@ import pandas as pd
 from ..advantage import ADVANTAGES, check_alpha
 from ..core import write_text_atomic, read_json, run_record
 from ..stats import seed_ci
-from .train import MemTrainConfig, MemGRPOTrainer, heldout_metrics
+from .train import MemTrainConfig, MemGRPOTrainer, heldout_metrics, upgrade_saved_config
 
 # %% auto #0
-__all__ = ['NO_ALPHA', 'FINAL_KEYS', 'WARM_KEYS', 'Arm', 'parse_arms', 'parse_seeds', 'arm_seed_dir', 'run_arm_seed',
-           'run_ablation', 'summarize', 'arm_table', 'collapse_test', 'compare_arms']
+__all__ = ['NO_ALPHA', 'FINAL_KEYS', 'LAST10_TRAIN', 'WARM_KEYS', 'Arm', 'parse_arms', 'parse_seeds', 'arm_seed_dir',
+           'arm_seed_record', 'run_arm_seed', 'run_ablation', 'summarize', 'arm_table', 'collapse_test', 'compare_arms']
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #7a253c63
 NO_ALPHA = ("gigpo",)   # credit assignments whose advantage has no α (Â = Â_traj + ω·Â_step)
@@ -78,14 +78,28 @@ def parse_seeds(spec: str) -> list[int]:
         raise ValueError(f"seeds {spec!r}: a seed is repeated")
     return seeds
 
-# %% ../../nbs/mem/24_mem_ablation.ipynb #016f32c4
+# %% ../../nbs/mem/24_mem_ablation.ipynb #ad715204
 FINAL_KEYS = ("update_acc_free", "update_acc_evidence", "outcome", "exact_exit", "format", "reward", "resp_tokens")
+LAST10_TRAIN = (("update_acc_free", "gate/acc_free"), ("update_acc_evidence", "gate/acc_evidence"),
+                ("exact_exit", "exit/exact_ratio"), ("outcome", "reward/outcome"),
+                ("format", "format/correct"))   # (final.json's last10_train key, the metrics.csv column it averages)
 
 def arm_seed_dir(out_dir, arm: Arm, seed: int) -> Path:
     "`<out_dir>/<arm.name>/seed<seed>`."
     return Path(out_dir) / arm.name / f"seed{seed}"
 
 
+def arm_seed_record(arm: Arm, seed: int, cfg: MemTrainConfig, hist: pd.DataFrame, stop_reason: str, train_wall: float,
+                    final: dict) -> dict:
+    "The content of an arm-seed's `final.json`: what ran, how it stopped, `final` (held-out), the last 10 train steps."
+    last = hist.tail(10)
+    return dict(arm=arm.name, advantage=arm.advantage, alpha=arm.alpha, omega=arm.omega, seed=seed,
+                steps_planned=cfg.steps, steps_done=int(hist["step"].max()), stop_reason=stop_reason,
+                train_wall_s=round(train_wall, 1), final_val=final,
+                last10_train={k: float(last[c].mean()) for k, c in LAST10_TRAIN},
+                config=dataclasses.asdict(cfg))
+
+# %% ../../nbs/mem/24_mem_ablation.ipynb #4e89b5a3
 def run_arm_seed(arm: Arm, seed: int, base: MemTrainConfig, train, val, out_dir, final_rollouts: int = 4,
                  max_wall_s: float = 600.0, on_step=None, model=None, tokenizer=None) -> dict:
     """Train one arm-seed for `base.steps` steps (no early stop: every arm gets the same budget; a wall-time cap
@@ -109,26 +123,19 @@ def run_arm_seed(arm: Arm, seed: int, base: MemTrainConfig, train, val, out_dir,
     final = heldout_metrics(trainer.policy, val, cfg, rollouts=final_rollouts)
     hist = pd.DataFrame(trainer.history)
     write_text_atomic(d / "metrics.csv", hist.to_csv(index=False))
-    last = hist.tail(10)
-    out = dict(arm=arm.name, advantage=arm.advantage, alpha=arm.alpha, omega=arm.omega, seed=seed,
-               steps_planned=cfg.steps, steps_done=int(hist["step"].max()), stop_reason=stop_reason,
-               train_wall_s=round(train_wall, 1), final_val=final,
-               last10_train={k: float(last[c].mean()) for k, c in (("update_acc_free", "gate/acc_free"),
-                                                                     ("update_acc_evidence", "gate/acc_evidence"),
-                                                                     ("exact_exit", "exit/exact_ratio"),
-                                                                     ("outcome", "reward/outcome"),
-                                                                     ("format", "format/correct"))},
-               config=dataclasses.asdict(cfg))
+    out = arm_seed_record(arm, seed, cfg, hist, stop_reason, train_wall, final)
     write_text_atomic(d / "final.json", json.dumps(out, indent=1, default=str))
     return out
 
-
+# %% ../../nbs/mem/24_mem_ablation.ipynb #903d9d09
 def _done_record(out_dir, arm: Arm, seed: int, base: MemTrainConfig) -> dict | None:
-    "The arm-seed's final record when it finished before (for this configuration), else None."
+    "The arm-seed's final record when it finished before (for this configuration, its config under today's names), else None."
     f = arm_seed_dir(out_dir, arm, seed) / "final.json"
     if not f.exists():
         return None
     rec = read_json(f, "arm-seed record")
+    if isinstance(rec.get("config"), dict):
+        rec["config"] = upgrade_saved_config(rec["config"])      # a record saved under the earlier field names
     want = json.loads(json.dumps(dataclasses.asdict(arm.config(base, seed)), default=str))
     if rec.get("config") != want:
         raise ValueError(f"{f} was written for another configuration ({rec.get('config')}); this ablation's is "
@@ -140,7 +147,7 @@ def _said(rec: dict) -> str:
     return (f"{rec['arm']} seed {rec['seed']}: {rec['stop_reason']}, {rec['train_wall_s']:.0f} s; held-out "
             + " ".join(f"{k} {rec['final_val'][k]:.3f}" for k in FINAL_KEYS[:5]))
 
-
+# %% ../../nbs/mem/24_mem_ablation.ipynb #c1cb129d
 def run_ablation(arms, seeds, base: MemTrainConfig, train, val, out_dir, final_rollouts: int = 4,
                  max_wall_s: float = 600.0, on_step=None, log=print, workers: int = 1) -> dict:
     """Every arm × seed (seed-major), skipping arm-seeds whose `final.json` is already there (a damaged one is

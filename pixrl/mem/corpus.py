@@ -10,6 +10,7 @@ import numbers
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ __all__ = ['CORPUS_FORMAT', 'KINDS', 'Chunk', 'Record', 'validate_record', 'Proj
            'cohen_kappa', 'audit_labels', 'generate_corpus', 'fixture_corpus', 'KappaError', 'check_kappa',
            'corpus_digest', 'export_corpus', 'load_corpus', 'split_by_project']
 
-# %% ../../nbs/mem/20_mem_corpus.ipynb #e31ba7a1
+# %% ../../nbs/mem/20_mem_corpus.ipynb #b343b159
 CORPUS_FORMAT = "pixrl.mem.corpus/v1"
 KINDS = ("direct", "override", "two_hop")
 
@@ -36,7 +37,7 @@ def _json_kind(v) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
         type(v), "number" if isinstance(v, numbers.Number) else type(v).__name__)
 
-
+# %% ../../nbs/mem/20_mem_corpus.ipynb #a793bd3c
 @dataclass(frozen=True)
 class Record:
     "One question over one chunked document. `last_evidence` = index of the last chunk labelled evidence."
@@ -75,7 +76,7 @@ class Record:
         return cls(d["id"], d["project"], d["question"], d["answer"], tuple(chunks), d["last_evidence"],
                    d.get("kind", ""))
 
-
+# %% ../../nbs/mem/20_mem_corpus.ipynb #81842386
 def validate_record(rec: Record) -> Record:
     """Raise ValueError (naming the record and the problem) unless `rec` is well formed: non-empty string id,
     project, question and a short one-line answer; a non-empty document of chunks with non-empty text and bool
@@ -176,7 +177,7 @@ def generate_projects(n_projects: int, seed: int = 0) -> list[Project]:
         projects.append(Project(name, vocab, services, keys, tuple(paths), owner, values))
     return projects
 
-# %% ../../nbs/mem/20_mem_corpus.ipynb #996a6bbf
+# %% ../../nbs/mem/20_mem_corpus.ipynb #756053a4
 _SET = ("{s} sets {k} to {v} in {p}.", "In {p} the {k} of {s} is {v}.", "{s} runs with {k} {v}.")
 _CHANGE = ("Later {s} changed {k} to {v}.", "A migration moved {s} {k} to {v}.")
 _OWN = ("{p} is owned by {s}.", "{s} owns {p}.")
@@ -195,16 +196,13 @@ def _question(kind, key, subject) -> str:
         return f"What is the {key} of the service that owns {subject}?"
     return f"What is the {'current ' if kind == 'override' else ''}{key} of {subject}?"
 
-
-def _document(project: Project, kind: str, svc: str, key: str, path: str, n_chunks: int, chunk_words: int,
-              near_miss: bool, rng) -> tuple[str, str, list[str], list[bool]]:
-    "(question, answer, chunk texts, truth labels) for one question."
-    P = project
-    value = P.values[(svc, key)]
+# %% ../../nbs/mem/20_mem_corpus.ipynb #92aa28e6
+def _facts(P: Project, kind: str, svc: str, key: str, path: str, value: str, rng) -> list[str]:
+    "The evidence sentences of one question, in their natural order."
     home = next(p for p, s in P.owner.items() if s == svc)
     if kind == "direct":
-        facts = [_fmt(rng, _SET, s=svc, k=key, v=value, p=home)]
-    elif kind == "override":
+        return [_fmt(rng, _SET, s=svc, k=key, v=value, p=home)]
+    if kind == "override":
         n_changes = int(rng.integers(1, 3))
         olds = []
         while len(olds) < n_changes:
@@ -213,33 +211,59 @@ def _document(project: Project, kind: str, svc: str, key: str, path: str, n_chun
                 olds.append(v)
         seq = olds + [value]
         facts = [_fmt(rng, _SET, s=svc, k=key, v=seq[0], p=home)]
-        facts += [_fmt(rng, _CHANGE, s=svc, k=key, v=v) for v in seq[1:]]
-    else:
-        facts = [_fmt(rng, _OWN, s=svc, p=path), _fmt(rng, _SET, s=svc, k=key, v=value, p=home)]
-    subject = path if kind == "two_hop" else svc
-    question = _question(kind, key, subject)
+        return facts + [_fmt(rng, _CHANGE, s=svc, k=key, v=v) for v in seq[1:]]
+    return [_fmt(rng, _OWN, s=svc, p=path), _fmt(rng, _SET, s=svc, k=key, v=value, p=home)]
 
-    others = [s for s in P.services if s != svc]
-    other_keys = [k for k in P.keys if k != key]
+
+def _where(P: Project, s: str, path: str, rng) -> str:
+    "A file of service `s`, never the two-hop question's `path` (any other file when `s` owns none)."
     other_paths = [p for p in P.paths if p != path]
+    return str(rng.choice([p for p in other_paths if P.owner[p] == s] or other_paths))
 
-    def where(s: str) -> str:   # a file of service s (never the two-hop question's path)
-        return str(rng.choice([p for p in other_paths if P.owner[p] == s] or other_paths))
 
-    def distractor() -> str:
-        u = rng.random()
-        if u < 0.35:     # same key, another service
-            s = str(rng.choice(others))
-            return _fmt(rng, _SET, s=s, k=key, v=P.values[(s, key)], p=where(s))
-        if u < 0.65:     # same service, another key
-            k = str(rng.choice(other_keys))
-            return _fmt(rng, _SET, s=svc, k=k, v=P.values[(svc, k)], p=where(svc))
-        if u < 0.75:     # ownership of another file
-            p = str(rng.choice(other_paths))
-            return _fmt(rng, _OWN, s=P.owner[p], p=p)
-        return _fmt(rng, _FILLER, s=str(rng.choice(P.services)), p=str(rng.choice(other_paths)),
-                    w=str(rng.choice(P.vocab)), w2=str(rng.choice(P.vocab)))
+def _distractor(P: Project, svc: str, key: str, path: str, rng) -> str:
+    "One distractor sentence for the question about `key` of `svc` (or of the owner of `path`)."
+    u = rng.random()
+    if u < 0.35:     # same key, another service
+        s = str(rng.choice([s for s in P.services if s != svc]))
+        return _fmt(rng, _SET, s=s, k=key, v=P.values[(s, key)], p=_where(P, s, path, rng))
+    if u < 0.65:     # same service, another key
+        k = str(rng.choice([k for k in P.keys if k != key]))
+        return _fmt(rng, _SET, s=svc, k=k, v=P.values[(svc, k)], p=_where(P, svc, path, rng))
+    other_paths = [p for p in P.paths if p != path]
+    if u < 0.75:     # ownership of another file
+        p = str(rng.choice(other_paths))
+        return _fmt(rng, _OWN, s=P.owner[p], p=p)
+    return _fmt(rng, _FILLER, s=str(rng.choice(P.services)), p=str(rng.choice(other_paths)),
+                w=str(rng.choice(P.vocab)), w2=str(rng.choice(P.vocab)))
 
+# %% ../../nbs/mem/20_mem_corpus.ipynb #091a7c31
+def _chunk_text(fixed: list[str], chunk_words: int, distract, rng) -> str:
+    "One chunk: the `fixed` sentences (kept in order) and distractors (`distract()`) up to `chunk_words` words."
+    fill, n_words, misses = [], sum(len(s.split()) for s in fixed), 0
+    while misses < 50 and n_words < chunk_words - 3:   # fill to the word budget; stop after 50 misfits in a row
+        s = distract()
+        if s not in fill and (n_words + len(s.split()) <= chunk_words or not (fixed or fill)):
+            fill.append(s)
+            n_words, misses = n_words + len(s.split()), 0
+        else:
+            misses += 1
+    if not (fixed or fill):
+        fill.append(distract())
+    # evidence sentences keep their relative order; distractors are interleaved at random positions
+    sentences = list(fixed)
+    for s in fill:
+        sentences.insert(int(rng.integers(len(sentences) + 1)), s)
+    return " ".join(sentences)
+
+
+def _document(project: Project, kind: str, svc: str, key: str, path: str, n_chunks: int, chunk_words: int,
+              near_miss: bool, rng) -> tuple[str, str, list[str], list[bool]]:
+    "(question, answer, chunk texts, truth labels) for one question."
+    P = project
+    value = P.values[(svc, key)]
+    facts = _facts(P, kind, svc, key, path, value, rng)
+    question = _question(kind, key, path if kind == "two_hop" else svc)
     slots = sorted(rng.choice(n_chunks, size=len(facts), replace=len(facts) > n_chunks).tolist())
     chunk_facts = [[] for _ in range(n_chunks)]
     for f, c in zip(facts, slots):
@@ -247,27 +271,13 @@ def _document(project: Project, kind: str, svc: str, key: str, path: str, n_chun
     if near_miss:
         bad = _value(key, rng, P.vocab)
         bad = bad if bad != value else bad + "0"
-        chunk_facts[int(rng.integers(n_chunks))].append(("near", _fmt(rng, _NEAR, s=svc, k=key, v=bad, p=where(svc))))
+        chunk_facts[int(rng.integers(n_chunks))].append(("near", _fmt(rng, _NEAR, s=svc, k=key, v=bad, p=_where(P, svc, path, rng))))
+    distract = partial(_distractor, P, svc, key, path, rng)
     texts, truth = [], []
     for c in range(n_chunks):
-        evid = [f for f in chunk_facts[c] if isinstance(f, str)]
-        fixed = [f if isinstance(f, str) else f[1] for f in chunk_facts[c]]
-        fill, n_words, misses = [], sum(len(s.split()) for s in fixed), 0
-        while misses < 50 and n_words < chunk_words - 3:   # fill to the word budget; stop after 50 misfits in a row
-            s = distractor()
-            if s not in fill and (n_words + len(s.split()) <= chunk_words or not (fixed or fill)):
-                fill.append(s)
-                n_words, misses = n_words + len(s.split()), 0
-            else:
-                misses += 1
-        if not (fixed or fill):
-            fill.append(distractor())
-        # evidence sentences keep their relative order; distractors are interleaved at random positions
-        sentences = list(fixed)
-        for s in fill:
-            sentences.insert(int(rng.integers(len(sentences) + 1)), s)
-        texts.append(" ".join(sentences))
-        truth.append(bool(evid))
+        fixed = [f if isinstance(f, str) else f[1] for f in chunk_facts[c]]    # the facts, and the near miss
+        texts.append(_chunk_text(fixed, chunk_words, distract, rng))
+        truth.append(any(isinstance(f, str) for f in chunk_facts[c]))       # construction truth: holds a fact
     return question, value, texts, truth
 
 # %% ../../nbs/mem/20_mem_corpus.ipynb #430451c3
@@ -310,7 +320,7 @@ def cohen_kappa(a: Sequence[bool], b: Sequence[bool]) -> float:
     p_e = float(a.mean() * b.mean() + (1 - a.mean()) * (1 - b.mean()))
     return float("nan") if p_e == 1.0 else (p_o - p_e) / (1 - p_e)
 
-# %% ../../nbs/mem/20_mem_corpus.ipynb #16fa86c4
+# %% ../../nbs/mem/20_mem_corpus.ipynb #9a782aab
 def _chunks_range(chunks_per_doc) -> tuple[int, int]:
     lo, hi = (chunks_per_doc, chunks_per_doc) if isinstance(chunks_per_doc, numbers.Integral) else tuple(chunks_per_doc)
     if isinstance(lo, bool) or not (isinstance(lo, numbers.Integral) and isinstance(hi, numbers.Integral)) or not 1 <= lo <= hi:
@@ -332,7 +342,7 @@ def audit_labels(truth: Sequence[Sequence[bool]], labels: Sequence[Sequence[bool
     return dict(kappa=cohen_kappa(l, t), agreement=float(np.mean(l == t)), audit_records=int(len(idx)),
                 audit_chunks=int(t.size))
 
-
+# %% ../../nbs/mem/20_mem_corpus.ipynb #6a2c457c
 def generate_corpus(n_projects: int = 12, questions_per_project: int = 16, chunks_per_doc=(4, 6),
                     chunk_words: int = 20, seed: int = 0, near_miss_rate: float = 0.15,
                     kinds: Sequence[str] = KINDS, audit_size: int = 60) -> tuple[list[Record], dict]:
@@ -390,7 +400,7 @@ def fixture_corpus(seed: int = 0) -> tuple[list[Record], dict]:
     return generate_corpus(n_projects=4, questions_per_project=3, chunks_per_doc=(4, 5), chunk_words=18,
                            seed=seed, near_miss_rate=0.15, audit_size=12)
 
-# %% ../../nbs/mem/20_mem_corpus.ipynb #cf3fe35e
+# %% ../../nbs/mem/20_mem_corpus.ipynb #23faf393
 class KappaError(ValueError):
     "A corpus whose labeler agreement (Cohen's κ) was never measured or is below the threshold."
 
@@ -406,7 +416,7 @@ def check_kappa(kappa, min_kappa: float, where: str) -> float:
         raise KappaError(f"{where}: labeler kappa {float(kappa):.3f} is below the threshold min_kappa={min_kappa}")
     return float(kappa)
 
-
+# %% ../../nbs/mem/20_mem_corpus.ipynb #13947e85
 def _record_line(rec: Record) -> str:
     return json.dumps(rec.to_dict(), sort_keys=True, ensure_ascii=False)
 
@@ -446,7 +456,7 @@ def export_corpus(path, records: Sequence[Record], kappa: float | None, min_kapp
             f.write(_record_line(r) + "\n")
     return path
 
-
+# %% ../../nbs/mem/20_mem_corpus.ipynb #96db1b74
 def _json_line(raw: bytes):
     "The JSON value of one corpus line; ValueError saying what is wrong with it."
     try:
@@ -460,7 +470,7 @@ def _json_line(raw: bytes):
     except ValueError as e:
         raise ValueError(f"not JSON: {e}") from None
 
-
+# %% ../../nbs/mem/20_mem_corpus.ipynb #0e4d5989
 def load_corpus(path, min_kappa: float = 0.8) -> tuple[list[Record], dict]:
     """Read a corpus written by `export_corpus`: (records, meta). Refuses (KappaError) a corpus without a
     metadata line carrying a measured κ ≥ `min_kappa`; ValueError for a wrong format, count or digest; ValueError

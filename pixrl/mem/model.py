@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer, Regex, AddedToken, models, pre_tokenizers, decoders, normalizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM, AutoModelForCausalLM, AutoTokenizer
 
-from ..pix.tiny import tiny_config, encode_example, collate
+from ..lm import tiny_config, encode_example, collate
 from . import corpus as mem_corpus
 from .env import turn_prompt, answer_prompt, format_turn, TURN_HEADER, ANSWER_HEADER
 
@@ -107,7 +107,7 @@ class MemTinyConfig:
     seed: int = 0
 
 def build_model(tokenizer, cfg: MemTinyConfig = MemTinyConfig()) -> Qwen2ForCausalLM:
-    "A freshly initialised Qwen2ForCausalLM sized by `cfg` for `tokenizer` (the tiny-model builder, `pixrl.pix.tiny.tiny_config`)."
+    "A freshly initialised Qwen2ForCausalLM sized by `cfg` for `tokenizer` (the tiny-model builder, `pixrl.lm.tiny_config`)."
     torch.manual_seed(cfg.seed)
     conf = tiny_config(vocab_size=len(tokenizer), hidden=cfg.hidden_size, layers=cfg.num_layers, heads=cfg.num_heads,
                        kv_heads=cfg.num_kv_heads, intermediate=cfg.intermediate_size, max_positions=cfg.max_positions,
@@ -273,11 +273,11 @@ def base_batch(pairs, cfg: MemBaseConfig, step: int) -> list:
 def train_mem_base(cfg: MemBaseConfig, work_dir, stop_after: int | None = None, log_every: int = 100,
                    on_log=None) -> tuple:
     """Pretrain (or resume) pixrl-mem-base in `work_dir` on the warm-start turns of `pretrain_corpus(cfg)`.
-    Returns (model, tokenizer, log, info). Checkpoints (`pixrl.pix.base.save_checkpoint`: atomic, sha256-checked)
+    Returns (model, tokenizer, log, info). Checkpoints (`pixrl.lm.save_checkpoint`: atomic, sha256-checked)
     every `cfg.ckpt_every` steps; a corrupt or half-written newest checkpoint is passed over (and said so).
     `stop_after`: return after that many steps of this call (an interruption, for tests).
     `on_log(step, model, tokenizer)` every `log_every` steps (the model in eval mode)."""
-    from pixrl.pix.base import save_checkpoint, resume_training
+    from pixrl.lm import save_checkpoint, resume_training
     from pixrl.core import Timer
     work = Path(work_dir)
     records, meta = pretrain_corpus(cfg)
@@ -327,7 +327,7 @@ def build_mem_base(out_dir, work_dir, cfg: MemBaseConfig = MemBaseConfig(), log_
     """Pretrain (resumably, in `work_dir`) and save pixrl-mem-base to `out_dir` (an ordinary HF directory +
     `pixrl_mem_base.json`); returns the build info with the weights' sha256 (to record in data/models/SHA256SUMS)."""
     from pixrl.core import run_record
-    from pixrl.pix.policy import model_dir_sha256
+    from pixrl.lm import model_dir_sha256
     model, tok, log, info = train_mem_base(cfg, work_dir, log_every=log_every, on_log=on_log)
     if info["steps_done"] != cfg.steps:
         raise RuntimeError(f"build_mem_base: stopped at step {info['steps_done']} of {cfg.steps}")

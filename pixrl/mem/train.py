@@ -6,21 +6,43 @@ import json, math, time, random, copy, dataclasses
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Sequence
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from ..advantage import credit_advantage, final_turn_advantage, ADVANTAGES
-from .env import MemEpisode, TURN_STOP, TURN_HEADER, ANSWER_HEADER
+from .env import TURN_HEADER, ANSWER_HEADER
 from . import corpus as mem_corpus
 from ..tracking import REPORT_TO, Tracker, check_report_to, tracker_dir
-from ..core import Accepts, check_fields, setting, rank, world_size, is_main_rank, params_digest
+from ..core import Accepts, check_fields, setting, rank, world_size, is_main_rank, params_digest, refuse_old_names, upgrade_names
+from .rollout import (
+    Gen, left_pad, cut_at_stop, HFPolicy, VLLMPolicy, make_policy, Trajectory, rollout, resolve_model_path, load_lora_policy)
+_all_ = ["Gen", "left_pad", "cut_at_stop", "HFPolicy", "VLLMPolicy", "make_policy", "Trajectory", "rollout",
+         "resolve_model_path", "load_lora_policy"]   # pixrl.mem.rollout's names, in this module's __all__ as before the split
 
 # %% auto #0
-__all__ = ['BACKENDS', 'GPU_DEFAULTS', 'MemTrainConfig', 'cpu_corpus', 'Gen', 'HFPolicy', 'make_policy', 'VLLMPolicy',
-           'Trajectory', 'rollout', 'Row', 'group_rows', 'batch_rows', 'pack_rows', 'completion_logprobs',
-           'clipped_token_loss', 'k3_kl', 'trajectory_metrics', 'heldout_metrics', 'gate_probe', 'resolve_model_path',
-           'load_lora_policy', 'MemGRPOTrainer', 'format_metrics', 'plateaued']
+__all__ = ['RENAMED', 'BACKENDS', 'GPU_DEFAULTS', 'VAL_KEYS', 'refuse_renamed', 'upgrade_saved_config', 'MemTrainConfig',
+           'cpu_corpus', 'Row', 'group_rows', 'batch_rows', 'pack_rows', 'completion_logprobs', 'clipped_token_loss',
+           'k3_kl', 'trajectory_metrics', 'val_metrics', 'heldout_metrics', 'gate_probe', 'sum_over_ranks',
+           'sum_grads_over_ranks', 'gather_over_ranks', 'row_logprobs', 'micro_batch_backward', 'ppo_update',
+           'rank_tracker', 'make_optimizer', 'format_metrics', 'plateaued', 'plateau_reached', 'MemTrainerBase',
+           'MemGRPOTrainer', 'Gen', 'left_pad', 'cut_at_stop', 'HFPolicy', 'VLLMPolicy', 'make_policy', 'Trajectory',
+           'rollout', 'resolve_model_path', 'load_lora_policy']
+
+# %% ../../nbs/mem/22_mem_train.ipynb #d705056f
+RENAMED = {"questions_per_step": "groups_per_step", "group_size": "num_generations", "ppo_epochs": "num_iterations",
+           "clip_ratio": "epsilon", "kl_coef": "beta", "lr": "learning_rate"}   # earlier name -> TRL GRPOConfig's / the pix trainer's
+
+def refuse_renamed(given: Mapping, where: str = "MemTrainConfig") -> None:
+    "TypeError naming each earlier field name in `given` (a key of `RENAMED`), its value and its new name (`pixrl.core.refuse_old_names`)."
+    refuse_old_names(given, RENAMED, where)
+
+def upgrade_saved_config(saved: Mapping) -> dict:
+    """`saved`, a MemTrainConfig dict written by an earlier run, under today's names: each key of `RENAMED` becomes
+    its new name in place (`pixrl.core.upgrade_names`); a ValueError when it holds one field under both of its names."""
+    return upgrade_names(saved, RENAMED, "a saved MemTrainConfig")
+
 
 # %% ../../nbs/mem/22_mem_train.ipynb #bd56fe84
 BACKENDS = ("hf", "vllm", "auto")   # generation backends of MemTrainConfig.backend
@@ -29,20 +51,21 @@ _CHUNKS = Accepts(int, ge=1)        # chunks in a document
 @dataclass
 class MemTrainConfig:
     """Multi-conversation GRPO for the gated memory agent. Defaults = CPU default; see `GPU_DEFAULTS` for Table 3.
-    Every field is a `pixrl.core.setting` that says what it accepts; `validate()` refuses anything else."""
+    Every field is a `pixrl.core.setting` that says what it accepts; `validate()` refuses anything else. The GRPO
+    knobs carry TRL `GRPOConfig`'s names; an earlier name (`RENAMED`) is refused with its new one."""
     model: str = setting("pixrl-mem-base", min_len=1)                             # model id / path; "pixrl-mem-base" = the committed CPU default, "pixrl-mem-tiny" = the test fixture
     alpha: float = setting(0.9, ge=0, le=1)                                       # Â = α·Â_traj + (1−α)·Â_turn  (GRU-Mem §3.2.2); must be in [0, 1]
     advantage: str = setting("two_baseline", choices=ADVANTAGES)                  # credit assignment of memory turns (pixrl.advantage.ADVANTAGES): two_baseline | dedup | gigpo
     omega: float = setting(1.0, ge=0)                                             # gigpo only: Â = Â_traj + ω·Â_step (anchor = the turn's prompt)
     std_norm: bool = setting(False)                                               # divide advantages by the group std (paper equations: no)
     steps: int = setting(50, ge=1)                                                # optimiser steps (= rollout batches)
-    questions_per_step: int = setting(2, ge=1)                                    # "train batch size" (questions per step)
-    group_size: int = setting(8, ge=2)                                            # "rollout N": episodes per question (a group of one has no baseline)
-    mini_batch_questions: int | None = setting(None, ge=1)                        # questions per optimiser update, a divisor of questions_per_step; None = all (on-policy, Table 3)
-    ppo_epochs: int = setting(1, ge=1)                                            # passes over each rollout batch
-    clip_ratio: float = setting(0.2, gt=0, lt=1)                                  # PPO ε: the ratio is clipped to [1 − ε, 1 + ε]
-    kl_coef: float = setting(0.0, ge=0)                                           # β of the k3 KL to the base (MemAgent used 0.001); 0 = no reference pass
-    lr: float = setting(2e-3, gt=0)                                               # LoRA learning rate (tiny CPU model needs a high one; Table 3: 1e-6 on 3B/7B)
+    groups_per_step: int = setting(2, ge=1)                                       # questions per step, one group each (Table 3's "train batch size")
+    num_generations: int = setting(8, ge=2)                                       # G, episodes per question (Table 3's "rollout N"; a group of one has no baseline)
+    mini_batch_questions: int | None = setting(None, ge=1)                        # questions per optimiser update, a divisor of groups_per_step; None = all (on-policy, Table 3)
+    num_iterations: int = setting(1, ge=1)                                        # passes over each rollout batch (PPO epochs, TRL's μ)
+    epsilon: float = setting(0.2, gt=0, lt=1)                                     # PPO ε (Table 3's "clip ratio"): the ratio is clipped to [1 − ε, 1 + ε]
+    beta: float = setting(0.0, ge=0)                                              # β of the k3 KL to the base (MemAgent used 0.001); 0 = no reference pass
+    learning_rate: float = setting(2e-3, gt=0)                                    # LoRA learning rate (tiny CPU model needs a high one; Table 3: 1e-6 on 3B/7B)
     warmup_steps: int = setting(0, ge=0)                                          # linear LR warm-up
     weight_decay: float = setting(0.0, ge=0)                                      # AdamW weight decay
     max_grad_norm: float = setting(1.0, gt=0)                                     # gradient-norm clip of every optimiser update
@@ -69,164 +92,37 @@ class MemTrainConfig:
     seed: int = setting(0, ge=0)                                                  # seeds the corpus, the rollouts and the LoRA init
     report_to: str = setting("none", choices=REPORT_TO, check=check_report_to)    # step-metric tracker (pixrl.tracking): none | trackio | tensorboard (its package installed), in <run_dir>/tracking/
 
+    def __new__(cls, *args, **kwargs):
+        "Refuse an earlier field name (`RENAMED`) with its new one, before the dataclass `__init__` sees it."
+        refuse_renamed(kwargs)
+        return super().__new__(cls)
+
     def validate(self) -> "MemTrainConfig":
         "Raise ValueError naming the bad field, its value and what it accepts (each field's setting, then across fields)."
         check_fields(self)
-        if self.mini_batch_questions is not None and self.questions_per_step % self.mini_batch_questions:
+        if self.mini_batch_questions is not None and self.groups_per_step % self.mini_batch_questions:
             raise ValueError(f"mini_batch_questions={self.mini_batch_questions!r} does not divide "
-                             f"questions_per_step={self.questions_per_step}; accepted: a divisor of it, or None")
+                             f"groups_per_step={self.groups_per_step}; accepted: a divisor of it, or None")
         lo, hi = self.chunks_per_doc
         if lo > hi:
             raise ValueError(f"chunks_per_doc={self.chunks_per_doc!r}: lo > hi; accepted: a (lo, hi) pair with 1 <= lo <= hi")
         return self
 
+# %% ../../nbs/mem/22_mem_train.ipynb #dd0a1126
 GPU_DEFAULTS = MemTrainConfig(
-    model="Qwen/Qwen2.5-3B-Instruct", steps=200, questions_per_step=128, group_size=16, mini_batch_questions=128,
-    clip_ratio=0.2, kl_coef=0.0, lr=1e-6, warmup_steps=20, lora_r=32, lora_alpha=64, temperature=1.0, top_p=1.0,
+    model="Qwen/Qwen2.5-3B-Instruct", steps=200, groups_per_step=128, num_generations=16, mini_batch_questions=128,
+    epsilon=0.2, beta=0.0, learning_rate=1e-6, warmup_steps=20, lora_r=32, lora_alpha=64, temperature=1.0, top_p=1.0,
     val_temperature=1.0, val_top_p=0.7, max_prompt_tokens=8192, max_response_tokens=2048, chunk_words=5000,
     chunks_per_doc=(8, 32), val_every=10, val_questions=256, micro_batch_rows=8, backend="vllm", threads=1,
     turn_header=TURN_HEADER, answer_header=ANSWER_HEADER)
-GPU_DEFAULTS.__doc__ = ("GRU-Mem Table 3, docs/mem.md §table-3 (chunk 5000, prompt 8192, response 2048, clip 0.2, "
-                        "lr 1e-6, warm-up 20, batch 128, rollout N 16, mini-batch 128, validation top_p 0.7).")
+GPU_DEFAULTS.__doc__ = ("GRU-Mem Table 3, docs/mem.md §table-3 (chunk 5000, prompt 8192, response 2048, clip ratio ε 0.2, "
+                        "learning rate 1e-6, warm-up 20, batch 128, rollout N 16, mini-batch 128, validation top_p 0.7).")
 
 # %% ../../nbs/mem/22_mem_train.ipynb #86665131
 def cpu_corpus(cfg: MemTrainConfig = MemTrainConfig(), **overrides):
     "(records, meta): `pixrl.mem.model.cpu_corpus` with the config's seed and chunking."
     from pixrl.mem.model import cpu_corpus as _cpu
     return _cpu(cfg.seed, chunks_per_doc=tuple(cfg.chunks_per_doc), chunk_words=cfg.chunk_words, **overrides)
-
-# %% ../../nbs/mem/22_mem_train.ipynb #dca321e2
-@dataclass
-class Gen:
-    "One generated completion."
-    prompt_ids: list      # token ids of the (possibly left-truncated) prompt
-    completion_ids: list  # generated ids up to and including the stop token (if any)
-    text: str             # decoded completion (special tokens dropped)
-    truncated_prompt: bool = False
-
-class HFPolicy:
-    "HF `generate` backend (CPU path)."
-    def __init__(self, model, tokenizer, max_prompt_tokens=512, max_response_tokens=128):
-        self.model, self.tokenizer = model, tokenizer
-        self.max_prompt_tokens, self.max_response_tokens = max_prompt_tokens, max_response_tokens
-        stop = [tokenizer.eos_token_id]
-        tid = tokenizer.convert_tokens_to_ids(TURN_STOP)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
-            stop.append(tid)
-        self.stop_ids = stop
-
-    def encode(self, prompt: str):
-        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        trunc = len(ids) > self.max_prompt_tokens
-        return (ids[-self.max_prompt_tokens:] if trunc else ids), trunc
-
-    @torch.no_grad()
-    def generate(self, prompts: Sequence[str], temperature=1.0, top_p=1.0, seed=0, max_new_tokens=None) -> list[Gen]:
-        if not prompts:
-            return []
-        tok, pad = self.tokenizer, self.tokenizer.pad_token_id
-        enc = [self.encode(p) for p in prompts]
-        L = max(len(i) for i, _ in enc)
-        ids = torch.full((len(enc), L), pad)
-        att = torch.zeros((len(enc), L), dtype=torch.long)
-        for r, (i, _) in enumerate(enc):                     # left padding
-            ids[r, L - len(i):] = torch.tensor(i)
-            att[r, L - len(i):] = 1
-        torch.manual_seed(seed)
-        was_training = self.model.training
-        self.model.eval()
-        out = self.model.generate(input_ids=ids, attention_mask=att, do_sample=True, temperature=temperature,
-                                  top_p=top_p, top_k=0, max_new_tokens=max_new_tokens or self.max_response_tokens,
-                                  eos_token_id=self.stop_ids, pad_token_id=pad)   # (B, L + new)
-        if was_training:
-            self.model.train()
-        gens = []
-        for r, (i, trunc) in enumerate(enc):
-            comp = out[r, L:].tolist()
-            for k, t in enumerate(comp):
-                if t in self.stop_ids:
-                    comp = comp[:k + 1]
-                    break
-            gens.append(Gen(i, comp, tok.decode(comp, skip_special_tokens=True), trunc))
-        return gens
-
-def make_policy(model, tokenizer, cfg: MemTrainConfig):
-    "The generation backend for `cfg.backend` (auto: vLLM when CUDA + vllm are available, else HF)."
-    backend = cfg.backend
-    if backend == "auto":
-        backend = "vllm" if torch.cuda.is_available() and _vllm_available() else "hf"
-    if backend == "vllm":
-        return VLLMPolicy(model, tokenizer, cfg)
-    return HFPolicy(model, tokenizer, cfg.max_prompt_tokens, cfg.max_response_tokens)
-
-def _vllm_available() -> bool:
-    try:
-        import vllm  # noqa: F401
-        return True
-    except Exception:
-        return False
-
-class VLLMPolicy(HFPolicy):
-    """vLLM backend (GPU; untested on the CPU machine): base model in vLLM with `enable_lora`, the current adapter
-    saved to a scratch directory and mounted by a fresh `LoRARequest` id on every `sync()`."""
-    def __init__(self, model, tokenizer, cfg: MemTrainConfig):
-        super().__init__(model, tokenizer, cfg.max_prompt_tokens, cfg.max_response_tokens)
-        from vllm import LLM                                  # guarded: only on GPU machines
-        base = getattr(model, "base_model", model).config._name_or_path
-        self.llm = LLM(model=base, enable_lora=True, max_lora_rank=cfg.lora_r,
-                       max_model_len=cfg.max_prompt_tokens + cfg.max_response_tokens, seed=cfg.seed)
-        import tempfile
-        self.adapter_dir = Path(tempfile.mkdtemp(prefix="pixrl-mem-lora-"))
-        self.version = 0
-
-    def sync(self):
-        self.model.save_pretrained(self.adapter_dir)
-        self.version += 1
-
-    def generate(self, prompts, temperature=1.0, top_p=1.0, seed=0, max_new_tokens=None):
-        from vllm import SamplingParams
-        from vllm.lora.request import LoRARequest
-        self.sync()
-        sp = SamplingParams(temperature=temperature, top_p=top_p, seed=seed, max_tokens=max_new_tokens or self.max_response_tokens,
-                            stop=[TURN_STOP], include_stop_str_in_output=True)
-        enc = [self.encode(p) for p in prompts]
-        outs = self.llm.generate([dict(prompt_token_ids=i) for i, _ in enc], sp,
-                                 lora_request=LoRARequest("pixrl-mem", self.version, str(self.adapter_dir)))
-        return [Gen(i, list(o.outputs[0].token_ids), o.outputs[0].text, tr) for (i, tr), o in zip(enc, outs)]
-
-# %% ../../nbs/mem/22_mem_train.ipynb #6d1a0664
-@dataclass
-class Trajectory:
-    "One episode: its memory-turn generations, the answer generation, the env's reward dict."
-    question: int            # index of the question in the step's batch
-    episode: MemEpisode
-    turns: list              # list[Gen], one per memory turn
-    answer: Gen = None
-    rewards: dict = None
-
-def rollout(policy, records, group_size: int, temperature=1.0, top_p=1.0, seed=0, turn_header=TURN_HEADER,
-            answer_header=ANSWER_HEADER) -> list[Trajectory]:
-    "Run `group_size` episodes per record; lock-step batched generation. Order: question-major, then g."
-    trajs = [Trajectory(q, MemEpisode(r, turn_header=turn_header, answer_header=answer_header), [])
-             for q, r in enumerate(records) for _ in range(group_size)]
-    rnd = 0
-    while True:
-        active = [tr for tr in trajs if not tr.episode.done]
-        if not active:
-            break
-        gens = policy.generate([tr.episode.prompt() for tr in active], temperature, top_p, seed=seed * 1009 + rnd)
-        for tr, g in zip(active, gens):
-            tr.episode.step(g.text)
-            tr.turns.append(g)
-        rnd += 1
-        if rnd > 10_000:
-            raise RuntimeError("rollout did not terminate")   # MemEpisode ends at the last chunk
-    gens = policy.generate([tr.episode.prompt() for tr in trajs], temperature, top_p, seed=seed * 1009 + rnd)
-    for tr, g in zip(trajs, gens):
-        tr.episode.answer(g.text)
-        tr.answer = g
-        tr.rewards = tr.episode.rewards()
-    return trajs
 
 # %% ../../nbs/mem/22_mem_train.ipynb #8a2a26e5
 @dataclass
@@ -292,10 +188,10 @@ def completion_logprobs(model, ids, att, sel):
     logits = lm.lm_head(h[sel]).float()                                            # (N, V)
     return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:][sel][:, None]).squeeze(-1)  # (N,)
 
-def clipped_token_loss(logp, old_logp, adv, clip_ratio):
+def clipped_token_loss(logp, old_logp, adv, epsilon):
     "Per-token PPO clipped surrogate max(−Aρ, −A·clip(ρ, 1−ε, 1+ε)) and ρ (same shapes as the inputs)."
     ratio = torch.exp(logp - old_logp)
-    return torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - clip_ratio, 1 + clip_ratio)), ratio
+    return torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - epsilon, 1 + epsilon)), ratio
 
 def k3_kl(logp, ref_logp):
     "verl low_var_kl: exp(ref − logp) − (ref − logp) − 1, clamped to [−10, 10] like verl."
@@ -322,6 +218,14 @@ def trajectory_metrics(trajs: Sequence[Trajectory], prefix: str = "") -> dict:
          "resp/turns": float(np.mean([len(tr.turns) for tr in trajs])),
          "prompt/truncated": float(np.mean([g.truncated_prompt for tr in trajs for g in tr.turns]))}
     return {prefix + k: v for k, v in m.items()}
+
+VAL_KEYS = {"val/reward": "reward/traj", "val/outcome": "reward/outcome", "val/gate_acc_free": "gate/acc_free",
+            "val/gate_acc_evidence": "gate/acc_evidence", "val/exact_exit": "exit/exact_ratio",
+            "val/format": "format/correct"}   # validation metric -> the trajectory metric it is
+
+def val_metrics(m: dict) -> dict:
+    "The `val/...` metrics of `trajectory_metrics` output `m` (`VAL_KEYS`)."
+    return {k: m[v] for k, v in VAL_KEYS.items()}
 
 # %% ../../nbs/mem/22_mem_train.ipynb #c7eeb0fd
 @torch.no_grad()
@@ -370,210 +274,113 @@ def gate_probe(model, tokenizer, records, cfg: MemTrainConfig = MemTrainConfig()
     return {"p_no_free": float(p_no[~ev].mean()), "p_yes_evidence": float(1 - p_no[ev].mean()),
             "n_free": int((~ev).sum()), "n_evidence": int(ev.sum())}
 
-# %% ../../nbs/mem/22_mem_train.ipynb #ae2defc5
-def resolve_model_path(name: str) -> str:
-    """`pixrl-mem-tiny` → the committed/built model dir (`pixrl.mem.model.ensure_mem_tiny`); `pixrl-mem-base` →
-    the committed `data/models/pixrl-mem-base`, refused (ValueError naming both digests) unless its weights match
-    the sha256 recorded in `data/models/SHA256SUMS`; anything else unchanged."""
-    from pixrl.mem.model import ensure_mem_tiny, mem_base_dir, MEM_BASE_NAME
-    if name == "pixrl-mem-tiny":
-        return str(ensure_mem_tiny())
-    if name == MEM_BASE_NAME:
-        from pixrl.pix.policy import check_model_dir
-        if not (mem_base_dir() / "model.safetensors").exists():
-            raise ValueError(f"{MEM_BASE_NAME}: no model at {mem_base_dir()}; build it with `make mem-base`")
-        return check_model_dir(mem_base_dir(), MEM_BASE_NAME)
-    return name
+# %% ../../nbs/mem/22_mem_train.ipynb #b71f1952
+def sum_over_ranks(x: float, world: int) -> float:
+    "Σ of `x` over the `world` ranks (`x` itself with one process)."
+    if world == 1:
+        return x
+    t = torch.tensor([x], dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return float(t.item())
 
-def load_lora_policy(cfg: MemTrainConfig):
-    "(peft model, tokenizer) — the base from `cfg.model` with a fresh LoRA adapter (seeded)."
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from peft import LoraConfig, get_peft_model
-    path = resolve_model_path(cfg.model)
-    tok = AutoTokenizer.from_pretrained(path)
-    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    torch.manual_seed(cfg.seed)
-    lcfg = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=list(cfg.lora_targets), bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(base, lcfg), tok
+def sum_grads_over_ranks(params, world: int) -> None:
+    "Σ over ranks of each gradient, in place (a rank without tokens in this mini-batch contributes zeros)."
+    if world == 1:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        torch.distributed.all_reduce(p.grad)
 
-# %% ../../nbs/mem/22_mem_train.ipynb #410f4f99
-class MemGRPOTrainer:
-    """Multi-conversation GRPO (one row per turn) with the two-baseline advantage.
-    `step()` = rollout → rewards → advantages → clipped token-mean update; `validate()` on held-out projects.
-    Under `accelerate launch` (N processes, gloo): every rank draws the same questions and rolls out its share
-    (every N-th), the token-mean's N counts the tokens of all ranks, the gradients are summed over the ranks before
-    each optimizer step, so every rank takes the same step and holds the same weights; metrics cover all ranks.
-    A launched script ends with `pixrl.core.exit_launched_rank()`, after it has written its records."""
-    def __init__(self, cfg: MemTrainConfig, train_records, val_records=(), model=None, tokenizer=None, run_dir=None):
-        self.cfg = cfg.validate()
-        if not train_records:
-            raise ValueError("train_records is empty")
-        self.world, self.rank = world_size(), rank()
-        if cfg.questions_per_step % self.world:
-            raise ValueError(f"questions_per_step={cfg.questions_per_step} does not split over {self.world} processes; "
-                             f"accepted: a multiple of {self.world}")
-        if self.world > 1:
-            from accelerate import Accelerator
-            self.accelerator = Accelerator(cpu=True)          # the process group: gloo (the HF rollout path runs on CPU)
-        if cfg.report_to != "none" and run_dir is None:
-            raise ValueError(f"report_to={cfg.report_to!r} writes to <run_dir>/tracking/: pass run_dir; got None")
-        report_to = cfg.report_to if is_main_rank() else "none"   # one tracker run: rank 0's
-        self.tracker = Tracker(report_to, tracker_dir(run_dir, report_to) if run_dir else None,
-                               Path(run_dir).name if run_dir else "mem", "train", asdict(cfg))
-        torch.set_num_threads(cfg.threads)
-        if model is None:
-            model, tokenizer = load_lora_policy(cfg)
-        self.model, self.tokenizer = model, tokenizer
-        self.train_records, self.val_records = list(train_records), list(val_records)
-        self.policy = make_policy(model, tokenizer, cfg)
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
-        self.rng = random.Random(cfg.seed)
-        self.step_idx, self.history = 0, []
-        self.questions_seen: list[list[str]] = []           # this rank's record ids, per step
-        self.params_digest_start = params_digest(model)
+def gather_over_ranks(items: list, world: int) -> list:
+    "The concatenation of every rank's `items` (rank order)."
+    if world == 1:
+        return list(items)
+    out = [None] * world
+    torch.distributed.all_gather_object(out, list(items))
+    return [x for part in out for x in part]
 
-    def sample_questions(self):
-        "This rank's share (every world-th) of the step's questions; every rank draws the same list."
-        n = self.cfg.questions_per_step
-        qs = [self.train_records[self.rng.randrange(len(self.train_records))] for _ in range(n)]
-        mine = qs[self.rank::self.world]
-        self.questions_seen.append([getattr(r, "id", None) for r in mine])
-        return mine
+# %% ../../nbs/mem/22_mem_train.ipynb #c5c745f7
+def row_logprobs(model, rows: Sequence[Row], pad_id: int, grad: bool, ref: bool = False):
+    "(log π (N,), advantages (N,)) of the completion tokens of `rows`; `ref`: the base's (LoRA adapter disabled)."
+    ids, att, sel, adv = pack_rows(rows, pad_id)
+    with (torch.enable_grad() if grad else torch.no_grad()):
+        if ref:
+            with model.disable_adapter():
+                lp = completion_logprobs(model, ids, att, sel)
+        else:
+            lp = completion_logprobs(model, ids, att, sel)
+    return lp, adv
 
-    def _sum_over_ranks(self, x: float) -> float:
-        if self.world == 1:
-            return x
-        t = torch.tensor([x], dtype=torch.float64)
-        torch.distributed.all_reduce(t)
-        return float(t.item())
+def micro_batch_backward(model, rows: Sequence[Row], pad_id: int, N: float, cfg: MemTrainConfig, old_lp=None,
+                         ref_lp=None) -> dict:
+    """Backward of one micro-batch's share (its token sum / N) of the token-mean loss. Returns its sums: pl (policy
+    loss), kl, clip (tokens whose ratio left [1 − ε, 1 + ε]), ntok. `old_lp` None: on-policy; `ref_lp` None: no KL."""
+    lp, adv = row_logprobs(model, rows, pad_id, grad=True)              # (n,), (n,)
+    if old_lp is None:
+        old_lp = lp.detach()                                            # on-policy: ρ = 1 (value), ∇ρ = ∇log π
+    tok_loss, ratio = clipped_token_loss(lp, old_lp, adv, cfg.epsilon)
+    loss = tok_loss.sum() / N                                           # token-mean over ALL turns of the mini-batch
+    kl_sum = 0.0
+    if ref_lp is not None:
+        kl = k3_kl(lp, ref_lp).sum() / N
+        loss = loss + cfg.beta * kl
+        kl_sum = kl.item()
+    loss.backward()
+    return dict(pl=tok_loss.sum().item() / N, kl=kl_sum, clip=((ratio - 1).abs() > cfg.epsilon).sum().item(),
+                ntok=float(lp.numel()))
 
-    def _sum_grads_over_ranks(self, params) -> None:
-        "Σ over ranks of each gradient (a rank without tokens in this mini-batch contributes zeros)."
-        if self.world == 1:
-            return
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            torch.distributed.all_reduce(p.grad)
+# %% ../../nbs/mem/22_mem_train.ipynb #ec4e55c6
+def ppo_update(model, opt, sched, rows: list[Row], cfg: MemTrainConfig, pad_id: int, world: int = 1) -> dict:
+    "`num_iterations` passes × mini-batches of the token-mean clipped loss over `rows`; the `loss/...` metrics, train/lr."
+    mbr = cfg.micro_batch_rows
+    micro = [rows[i:i + mbr] for i in range(0, len(rows), mbr)]
+    need_old = cfg.num_iterations > 1 or (cfg.mini_batch_questions not in (None, cfg.groups_per_step))
+    old = [row_logprobs(model, m, pad_id, grad=False)[0] for m in micro] if need_old else None
+    ref = [row_logprobs(model, m, pad_id, grad=False, ref=True)[0] for m in micro] if cfg.beta > 0 else None
+    n_mb = 1 if cfg.mini_batch_questions is None else cfg.groups_per_step // cfg.mini_batch_questions
+    groups = np.array_split(np.arange(len(micro)), n_mb)
+    stats = dict(pl=0.0, kl=0.0, clip=0.0, ntok=0.0, gn=0.0)
+    model.train()
+    for _ in range(cfg.num_iterations):
+        for grp in groups:
+            N = sum_over_ranks(float(sum(sum(len(r.completion_ids) for r in micro[i]) for i in grp)), world)
+            if N == 0:                                                  # no tokens on any rank
+                continue
+            opt.zero_grad()
+            for i in grp:
+                part = micro_batch_backward(model, micro[i], pad_id, N, cfg, old_lp=None if old is None else old[i],
+                                            ref_lp=None if ref is None else ref[i])
+                for k, v in part.items():
+                    stats[k] += v
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            sum_grads_over_ranks(trainable, world)
+            gn = torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
+            opt.step()
+            stats["gn"] = float(gn)
+    sched.step()
+    k = cfg.num_iterations * len(groups)
+    return {"loss/policy": stats["pl"] / k, "loss/kl": stats["kl"] / k,
+            "loss/clipfrac": stats["clip"] / max(1.0, stats["ntok"]), "loss/grad_norm": stats["gn"],
+            "loss/tokens": stats["ntok"] / cfg.num_iterations, "train/lr": sched.get_last_lr()[0]}
 
-    def _gather(self, items: list) -> list:
-        "The concatenation of every rank's `items` (rank order)."
-        if self.world == 1:
-            return list(items)
-        out = [None] * self.world
-        torch.distributed.all_gather_object(out, list(items))
-        return [x for part in out for x in part]
+# %% ../../nbs/mem/22_mem_train.ipynb #f20317b0
+def rank_tracker(cfg: MemTrainConfig, run_dir=None) -> Tracker:
+    "This rank's tracker of the step metrics (rank 0's writes to <run_dir>/tracking/<report_to>); ValueError without run_dir."
+    if cfg.report_to != "none" and run_dir is None:
+        raise ValueError(f"report_to={cfg.report_to!r} writes to <run_dir>/tracking/: pass run_dir; got None")
+    report_to = cfg.report_to if is_main_rank() else "none"   # one tracker run: rank 0's
+    return Tracker(report_to, tracker_dir(run_dir, report_to) if run_dir else None,
+                   Path(run_dir).name if run_dir else "mem", "train", asdict(cfg))
 
-    def rank_record(self) -> dict:
-        "{rank, world_size, questions (per step, this rank's), global_batch, steps, params_digest, params_digest_start}."
-        return dict(rank=self.rank, world_size=self.world, questions=self.questions_seen,
-                    global_batch=self.cfg.questions_per_step * self.cfg.group_size, steps=self.step_idx,
-                    params_digest=params_digest(self.model), params_digest_start=self.params_digest_start)
+def make_optimizer(model, cfg: MemTrainConfig):
+    "(AdamW over the trainable parameters at `learning_rate`, its LambdaLR: linear warm-up over `warmup_steps`, then 1)."
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, cfg.warmup_steps)))
+    return opt, sched
 
-    def _logprobs(self, rows, grad: bool, ref: bool = False):
-        "(log π (N,), advantages (N,)) of the completion tokens of `rows`."
-        ids, att, sel, adv = pack_rows(rows, self.tokenizer.pad_token_id)
-        with (torch.enable_grad() if grad else torch.no_grad()):
-            if ref:
-                with self.model.disable_adapter():
-                    lp = completion_logprobs(self.model, ids, att, sel)
-            else:
-                lp = completion_logprobs(self.model, ids, att, sel)
-        return lp, adv
-
-    def update(self, rows: list[Row]) -> dict:
-        "PPO epochs × mini-batches of token-mean clipped loss over `rows`."
-        cfg, mbr = self.cfg, self.cfg.micro_batch_rows
-        micro = [rows[i:i + mbr] for i in range(0, len(rows), mbr)]
-        need_old = cfg.ppo_epochs > 1 or (cfg.mini_batch_questions not in (None, cfg.questions_per_step))
-        old = [self._logprobs(m, grad=False)[0] for m in micro] if need_old else None
-        ref = [self._logprobs(m, grad=False, ref=True)[0] for m in micro] if cfg.kl_coef > 0 else None
-        n_mb = 1 if cfg.mini_batch_questions is None else cfg.questions_per_step // cfg.mini_batch_questions
-        groups = np.array_split(np.arange(len(micro)), n_mb)
-        stats = dict(pl=0.0, kl=0.0, clip=0.0, ntok=0.0, gn=0.0)
-        self.model.train()
-        for _ in range(cfg.ppo_epochs):
-            for grp in groups:
-                N = self._sum_over_ranks(float(sum(sum(len(r.completion_ids) for r in micro[i]) for i in grp)))
-                if N == 0:                                                 # no tokens on any rank
-                    continue
-                self.opt.zero_grad()
-                for i in grp:
-                    lp, adv = self._logprobs(micro[i], grad=True)              # (n,), (n,)
-                    old_lp = old[i] if old is not None else lp.detach()     # on-policy: ρ = 1 (value), ∇ρ = ∇log π
-                    tok_loss, ratio = clipped_token_loss(lp, old_lp, adv, cfg.clip_ratio)
-                    loss = tok_loss.sum() / N                                # token-mean over ALL turns of the mini-batch
-                    if ref is not None:
-                        kl = k3_kl(lp, ref[i]).sum() / N
-                        loss = loss + cfg.kl_coef * kl
-                        stats["kl"] += kl.item()
-                    loss.backward()
-                    stats["pl"] += tok_loss.sum().item() / N
-                    stats["clip"] += ((ratio - 1).abs() > cfg.clip_ratio).sum().item()
-                    stats["ntok"] += float(lp.numel())
-                trainable = [p for p in self.model.parameters() if p.requires_grad]
-                self._sum_grads_over_ranks(trainable)
-                gn = torch.nn.utils.clip_grad_norm_(trainable, cfg.max_grad_norm)
-                self.opt.step()
-                stats["gn"] = float(gn)
-        self.sched.step()
-        k = cfg.ppo_epochs * len(groups)
-        return {"loss/policy": stats["pl"] / k, "loss/kl": stats["kl"] / k,
-                "loss/clipfrac": stats["clip"] / max(1.0, stats["ntok"]), "loss/grad_norm": stats["gn"],
-                "loss/tokens": stats["ntok"] / cfg.ppo_epochs, "train/lr": self.sched.get_last_lr()[0]}
-
-    def step(self) -> dict:
-        "One GRPO step; returns (and appends to `history`) its metrics."
-        t0 = time.time()
-        cfg = self.cfg
-        trajs = rollout(self.policy, self.sample_questions(), cfg.group_size, cfg.temperature, cfg.top_p,
-                        seed=cfg.seed * 100_003 + self.step_idx, turn_header=cfg.turn_header, answer_header=cfg.answer_header)
-        t1 = time.time()
-        rows = batch_rows(trajs, cfg.alpha, cfg.std_norm, cfg.advantage, cfg.omega)
-        m = {"step": self.step_idx + 1, **trajectory_metrics(self._gather(trajs)), **self.update(rows)}
-        m["time/rollout_s"], m["time/update_s"] = t1 - t0, time.time() - t1
-        self.step_idx += 1
-        if cfg.val_every and self.val_records and self.step_idx % cfg.val_every == 0:
-            m.update(self.validate())
-        m["time/step_s"] = time.time() - t0
-        self.history.append(m)
-        self.tracker.log(m, m["step"])
-        return m
-
-    def close(self) -> None:
-        "End the tracker's run (nothing to do for report_to='none')."
-        self.tracker.close()
-
-    @torch.no_grad()
-    def validate(self, n: int | None = None) -> dict:
-        "One rollout per held-out question (first `val_questions`), validation sampling; `val/...` metrics."
-        recs = self.val_records[: n or self.cfg.val_questions]
-        if not recs:
-            return {}
-        trajs = rollout(self.policy, recs[self.rank::self.world], 1, self.cfg.val_temperature, self.cfg.val_top_p,
-                        seed=10_007 + self.cfg.seed, turn_header=self.cfg.turn_header, answer_header=self.cfg.answer_header)
-        m = trajectory_metrics(self._gather(trajs))
-        return {"val/reward": m["reward/traj"], "val/outcome": m["reward/outcome"], "val/gate_acc_free": m["gate/acc_free"],
-                "val/gate_acc_evidence": m["gate/acc_evidence"], "val/exact_exit": m["exit/exact_ratio"],
-                "val/format": m["format/correct"]}
-
-    def train(self, steps: int | None = None, log_every: int = 0, stop_on_plateau: dict | None = None) -> list[dict]:
-        """Run `steps` (default cfg.steps) steps; optional `stop_on_plateau=dict(window, min_delta, min_steps)`.
-        The tracker stays open (more steps may follow): `close()` when training is over."""
-        for _ in range(steps or self.cfg.steps):
-            m = self.step()
-            if log_every and m["step"] % log_every == 0:
-                print(format_metrics(m))
-            if stop_on_plateau and m["step"] >= stop_on_plateau.get("min_steps", 0) and \
-                    plateaued([h["val/reward"] for h in self.history if "val/reward" in h],
-                              stop_on_plateau.get("window", 4), stop_on_plateau.get("min_delta", 0.03)):
-                print(f"validation reward plateaued at step {m['step']}")
-                break
-        return self.history
-
+# %% ../../nbs/mem/22_mem_train.ipynb #78b42219
 def format_metrics(m: dict, keys=("gate/acc_evidence", "gate/acc_free", "exit/exact_ratio", "format/correct",
                                    "reward/outcome", "reward/traj", "resp/mean_tokens", "val/reward", "time/step_s")) -> str:
     "One log line."
@@ -586,3 +393,105 @@ def plateaued(values: Sequence[float], window: int = 4, min_delta: float = 0.03)
         return False
     last, prev = np.mean(values[-window:]), np.mean(values[-2 * window:-window])
     return bool(last - prev <= min_delta)
+
+def plateau_reached(history: Sequence[dict], step: int, rule: dict) -> bool:
+    "`plateaued` on the `val/reward`s of `history` once `step` ≥ rule's `min_steps` (rule: dict(window, min_delta, min_steps))."
+    return step >= rule.get("min_steps", 0) and \
+        plateaued([h["val/reward"] for h in history if "val/reward" in h], rule.get("window", 4), rule.get("min_delta", 0.03))
+
+# %% ../../nbs/mem/22_mem_train.ipynb #1277cf1e
+class MemTrainerBase:
+    """What one rank of the mem trainer holds. Under `accelerate launch` (N processes, gloo): every rank draws the same
+    questions and rolls out its share (every N-th), the token-mean's N counts the tokens of all ranks, the gradients are
+    summed over the ranks before each optimizer step, so every rank takes the same step and holds the same weights;
+    metrics cover all ranks. A launched script ends with `pixrl.core.exit_launched_rank()`, after it has written its records."""
+    def __init__(self, cfg: MemTrainConfig, train_records, val_records=(), model=None, tokenizer=None, run_dir=None):
+        self.cfg = cfg.validate()
+        if not train_records:
+            raise ValueError("train_records is empty")
+        self.world, self.rank = world_size(), rank()
+        if cfg.groups_per_step % self.world:
+            raise ValueError(f"groups_per_step={cfg.groups_per_step} does not split over {self.world} processes; "
+                             f"accepted: a multiple of {self.world}")
+        if self.world > 1:
+            from accelerate import Accelerator
+            self.accelerator = Accelerator(cpu=True)          # the process group: gloo (the HF rollout path runs on CPU)
+        self.tracker = rank_tracker(cfg, run_dir)
+        torch.set_num_threads(cfg.threads)
+        if model is None:
+            model, tokenizer = load_lora_policy(cfg)
+        self.model, self.tokenizer = model, tokenizer
+        self.train_records, self.val_records = list(train_records), list(val_records)
+        self.policy = make_policy(model, tokenizer, cfg)
+        self.opt, self.sched = make_optimizer(model, cfg)
+        self.rng = random.Random(cfg.seed)
+        self.step_idx, self.history = 0, []
+        self.questions_seen: list[list[str]] = []           # this rank's record ids, per step
+        self.params_digest_start = params_digest(model)
+
+    def sample_questions(self):
+        "This rank's share (every world-th) of the step's questions; every rank draws the same list."
+        n = self.cfg.groups_per_step
+        qs = [self.train_records[self.rng.randrange(len(self.train_records))] for _ in range(n)]
+        mine = qs[self.rank::self.world]
+        self.questions_seen.append([getattr(r, "id", None) for r in mine])
+        return mine
+
+    def rank_record(self) -> dict:
+        "{rank, world_size, questions (per step, this rank's), global_batch, steps, params_digest, params_digest_start}."
+        return dict(rank=self.rank, world_size=self.world, questions=self.questions_seen,
+                    global_batch=self.cfg.groups_per_step * self.cfg.num_generations, steps=self.step_idx,
+                    params_digest=params_digest(self.model), params_digest_start=self.params_digest_start)
+
+    def close(self) -> None:
+        "End the tracker's run (nothing to do for report_to='none')."
+        self.tracker.close()
+
+# %% ../../nbs/mem/22_mem_train.ipynb #03a9432b
+class MemGRPOTrainer(MemTrainerBase):
+    """Multi-conversation GRPO (one row per turn) with the two-baseline advantage.
+    `step()` = rollout → rewards → advantages → clipped token-mean update; `validate()` on held-out projects.
+    `MemTrainerBase` holds the state and says how the ranks share a step."""
+    def update(self, rows: list[Row]) -> dict:
+        "`ppo_update` of this trainer's model and optimiser over `rows`."
+        return ppo_update(self.model, self.opt, self.sched, rows, self.cfg, self.tokenizer.pad_token_id, self.world)
+
+    def step(self) -> dict:
+        "One GRPO step; returns (and appends to `history`) its metrics."
+        t0 = time.time()
+        cfg = self.cfg
+        trajs = rollout(self.policy, self.sample_questions(), cfg.num_generations, cfg.temperature, cfg.top_p,
+                        seed=cfg.seed * 100_003 + self.step_idx, turn_header=cfg.turn_header, answer_header=cfg.answer_header)
+        t1 = time.time()
+        rows = batch_rows(trajs, cfg.alpha, cfg.std_norm, cfg.advantage, cfg.omega)
+        m = {"step": self.step_idx + 1, **trajectory_metrics(gather_over_ranks(trajs, self.world)), **self.update(rows)}
+        m["time/rollout_s"], m["time/update_s"] = t1 - t0, time.time() - t1
+        self.step_idx += 1
+        if cfg.val_every and self.val_records and self.step_idx % cfg.val_every == 0:
+            m.update(self.validate())
+        m["time/step_s"] = time.time() - t0
+        self.history.append(m)
+        self.tracker.log(m, m["step"])
+        return m
+
+    @torch.no_grad()
+    def validate(self, n: int | None = None) -> dict:
+        "One rollout per held-out question (first `val_questions`), validation sampling; `val/...` metrics."
+        recs = self.val_records[: n or self.cfg.val_questions]
+        if not recs:
+            return {}
+        trajs = rollout(self.policy, recs[self.rank::self.world], 1, self.cfg.val_temperature, self.cfg.val_top_p,
+                        seed=10_007 + self.cfg.seed, turn_header=self.cfg.turn_header, answer_header=self.cfg.answer_header)
+        return val_metrics(trajectory_metrics(gather_over_ranks(trajs, self.world)))
+
+    def train(self, steps: int | None = None, log_every: int = 0, stop_on_plateau: dict | None = None) -> list[dict]:
+        """Run `steps` (default cfg.steps) steps; optional `stop_on_plateau=dict(window, min_delta, min_steps)`.
+        The tracker stays open (more steps may follow): `close()` when training is over."""
+        for _ in range(steps or self.cfg.steps):
+            m = self.step()
+            if log_every and m["step"] % log_every == 0:
+                print(format_metrics(m))
+            if stop_on_plateau and plateau_reached(self.history, m["step"], stop_on_plateau):
+                print(f"validation reward plateaued at step {m['step']}")
+                break
+        return self.history

@@ -42,6 +42,7 @@ class ActionPolicy(nn.Module):
         h.offset_head.load_state_dict(self.offset_head.state_dict())
         return h
 
+# %% ../../nbs/offset/31_offset_objective.ipynb #375b9ec0
 def focal_loss(logits: torch.Tensor, targets: torch.Tensor, gamma: float = 2.0) -> torch.Tensor:
     "logits (b, c), targets (b,) -> mean of -(1 - p_t)^gamma · log p_t (Lin et al. 2017, eq. 4)."
     logp = F.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)   # (b,)
@@ -56,29 +57,9 @@ def bounded_offset(x: torch.Tensor, scale: float | None) -> torch.Tensor:
     return scale * torch.tanh(x / scale)
 
 # %% ../../nbs/offset/31_offset_objective.ipynb #06344580
-class JointPolicyObjective(nn.Module):
-    """Focal loss on the code head + L1 offset loss on the offset head of an `ActionPolicy`, against a
-    frozen `ResidualVQ`. `teacher_force_offset=True` (the fix) gathers the offset at the target codes;
-    `False` reproduces the sampled-code supervision (the bug). `offset_scale`: optional s·tanh(x/s) bound."""
-    def __init__(self, policy: ActionPolicy, tokenizer: ResidualVQ, teacher_force_offset: bool = True,
-                 offset_scale: float | None = None, focal_gamma: float = 2.0, group_weights=None,
-                 offset_weight: float = 1.0):
-        super().__init__()
-        if not tokenizer.fitted:
-            raise TokenizerNotFittedError("JointPolicyObjective needs a fitted (frozen) tokenizer: call tokenizer.fit(actions) first")
-        mine, theirs = (policy.n_groups, policy.n_codes, policy.action_dim), (tokenizer.n_groups, tokenizer.n_codes, tokenizer.action_dim)
-        if mine != theirs:
-            raise ValueError(f"policy heads (n_groups, n_codes, action_dim)={mine} do not match the tokenizer's {theirs}")
-        bounded_offset(torch.zeros(1), offset_scale)                         # validates offset_scale
-        if group_weights is None:
-            group_weights = [5.0] + [0.5] * (tokenizer.n_groups - 1)
-        if len(group_weights) != tokenizer.n_groups:
-            raise ValueError(f"group_weights needs {tokenizer.n_groups} entries (one per group), got {len(group_weights)}")
-        self.policy, self.tokenizer = policy, tokenizer
-        self.teacher_force_offset, self.offset_scale = bool(teacher_force_offset), offset_scale
-        self.focal_gamma, self.group_weights, self.offset_weight = focal_gamma, [float(w) for w in group_weights], offset_weight
-        tokenizer.requires_grad_(False)
-
+class _CodeOffsetHeads(nn.Module):
+    """The prediction half of `JointPolicyObjective` (its base class): heads -> codes -> decoded action +
+    offset, and the batch check. Reads the subclass's `policy`, `tokenizer` and `offset_scale`."""
     def _heads(self, features: torch.Tensor):
         "features (b, h) -> code_logits (b, g, c), offsets (b, g, c, a) (bounded when offset_scale is set)."
         p, b = self.policy, features.shape[0]
@@ -117,6 +98,37 @@ class JointPolicyObjective(nn.Module):
             raise ValueError(f"states must be (b, {self.policy.state_dim}), got shape {tuple(states.shape)}")
         if states.shape[0] != actions.shape[0]:
             raise ValueError(f"states and actions disagree on the batch size: {states.shape[0]} vs {actions.shape[0]}")
+
+# %% ../../nbs/offset/31_offset_objective.ipynb #363ccf15
+def _checked_group_weights(policy: ActionPolicy, tokenizer: ResidualVQ, offset_scale, group_weights) -> list:
+    """The constructor's checks: a fitted tokenizer whose (groups, codes, action dim) match the heads, a valid
+    `offset_scale`, one focal weight per group. Returns the weights (default: 5 for group 0, 0.5 for the rest)."""
+    if not tokenizer.fitted:
+        raise TokenizerNotFittedError("JointPolicyObjective needs a fitted (frozen) tokenizer: call tokenizer.fit(actions) first")
+    mine, theirs = (policy.n_groups, policy.n_codes, policy.action_dim), (tokenizer.n_groups, tokenizer.n_codes, tokenizer.action_dim)
+    if mine != theirs:
+        raise ValueError(f"policy heads (n_groups, n_codes, action_dim)={mine} do not match the tokenizer's {theirs}")
+    bounded_offset(torch.zeros(1), offset_scale)                         # validates offset_scale
+    if group_weights is None:
+        group_weights = [5.0] + [0.5] * (tokenizer.n_groups - 1)
+    if len(group_weights) != tokenizer.n_groups:
+        raise ValueError(f"group_weights needs {tokenizer.n_groups} entries (one per group), got {len(group_weights)}")
+    return group_weights
+
+# %% ../../nbs/offset/31_offset_objective.ipynb #21c3c730
+class JointPolicyObjective(_CodeOffsetHeads):
+    """Focal loss on the code head + L1 offset loss on the offset head of an `ActionPolicy`, against a
+    frozen `ResidualVQ`. `teacher_force_offset=True` (the fix) gathers the offset at the target codes;
+    `False` reproduces the sampled-code supervision (the bug). `offset_scale`: optional s·tanh(x/s) bound."""
+    def __init__(self, policy: ActionPolicy, tokenizer: ResidualVQ, teacher_force_offset: bool = True,
+                 offset_scale: float | None = None, focal_gamma: float = 2.0, group_weights=None,
+                 offset_weight: float = 1.0):
+        super().__init__()
+        group_weights = _checked_group_weights(policy, tokenizer, offset_scale, group_weights)
+        self.policy, self.tokenizer = policy, tokenizer
+        self.teacher_force_offset, self.offset_scale = bool(teacher_force_offset), offset_scale
+        self.focal_gamma, self.group_weights, self.offset_weight = focal_gamma, [float(w) for w in group_weights], offset_weight
+        tokenizer.requires_grad_(False)
 
     def losses(self, states: torch.Tensor, actions: torch.Tensor, generator: torch.Generator | None = None) -> dict:
         """The differentiable pieces: focal (code head), offset (offset head), sampled_recon (the old loss),
@@ -202,6 +214,7 @@ class ArmConfig:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         bounded_offset(torch.zeros(1), self.offset_scale)
 
+# %% ../../nbs/offset/31_offset_objective.ipynb #d4e09e44
 def train_arm(cfg: ArmConfig, log_every: int = 100) -> dict:
     "Data -> frozen tokenizer -> trained policy. Returns dict(objective, tokenizer, train, val, history, digest)."
     from pixrl.offset.data import load_split, data_digest, STATE_FEATURES, ACTION_NAMES
@@ -218,10 +231,11 @@ def save_arm(arm: dict, cfg: ArmConfig, path) -> None:
     torch.save({"policy": arm["objective"].policy.state_dict(), "tokenizer": arm["tokenizer"].state_dict(),
                 "config": asdict(cfg), "digest": arm["digest"]}, path)
 
+# %% ../../nbs/offset/31_offset_objective.ipynb #cf51fda9
 def load_arm(path) -> tuple[JointPolicyObjective, ArmConfig, str]:
     """Inverse of save_arm: (objective, config, data digest). Read with `torch.load(weights_only=True)`
-    (`pixrl.pix.base.load_tensors`): a file holding anything but tensors and plain data is refused, never run."""
-    from pixrl.pix.base import load_tensors
+    (`pixrl.lm.load_tensors`): a file holding anything but tensors and plain data is refused, never run."""
+    from pixrl.lm import load_tensors
     ck = load_tensors(path, ("policy", "tokenizer", "config", "digest"))
     if not isinstance(ck["config"], dict):
         raise ValueError(f"{path}: config must be a dict of ArmConfig fields; got {type(ck['config']).__name__}")

@@ -46,6 +46,7 @@ def redact_numbers(text: str) -> str:
             in_num = False
     return "".join(out)
 
+# %% ../../nbs/pix/11_agent_loop.ipynb #dc688484
 def material_direction(extra_um, missing_um, tol: float = DIRECTION_TOL) -> str:
     "'EXTRA', 'MISSING', 'BOTH' or 'NONE' from the chamfer asymmetry (extra - missing)/(extra + missing)."
     e, m = float(extra_um or 0.0), float(missing_um or 0.0)
@@ -61,6 +62,7 @@ DIRECTION_FEEDBACK = {
     "NONE": "The boundaries match.",
 }
 
+# %% ../../nbs/pix/11_agent_loop.ipynb #7646496a
 def feedback(attempt: dict) -> str:
     """Deterministic, number-free feedback on one verified attempt (a dict from `pixrl.pix.harvest.verify`).
 
@@ -110,12 +112,39 @@ class LoopConfig:
         if not self.temperature >= 0:
             raise ValueError(f"LoopConfig.temperature must be >= 0, got {self.temperature!r}")
 
-LOOP_KIND = "pixrl.pix.agent_loop"
 
+LOOP_KIND = "pixrl.agent_loop"
+
+# %% ../../nbs/pix/11_agent_loop.ipynb #e587eecc
 def _pick_champion(attempts: list[dict]) -> int:
     "Index of the highest shaped reward; the earliest wins ties (deterministic)."
     return max(range(len(attempts)), key=lambda i: (attempts[i]["reward"], -i))
 
+def _init_row(task: Task, attempts: list[dict]) -> dict:
+    "A task's record after the init round: its attempts and its first champion."
+    c = _pick_champion(attempts)
+    return {"task_id": task.id, "family": task.family, "level": task.level,
+            "rounds": [{"round": 0, "kind": "init", "attempts": attempts}],
+            "champion": {**attempts[c], "round": 0, "attempt": c},
+            "champion_reward_by_round": [attempts[c]["reward"]]}
+
+def _add_revision(row: dict, r: int, fb: str, attempts: list[dict]) -> None:
+    "Append revision round `r` (prompted with feedback `fb`) to `row`; only a strictly better attempt becomes champion."
+    row["rounds"].append({"round": r, "kind": "revision", "feedback": fb,
+                          "seeded_by": {"round": row["champion"]["round"], "attempt": row["champion"]["attempt"]},
+                          "attempts": attempts})
+    c = _pick_champion(attempts)
+    if attempts[c]["reward"] > row["champion"]["reward"]:  # strictly better only
+        row["champion"] = {**attempts[c], "round": r, "attempt": c}
+    row["champion_reward_by_round"].append(row["champion"]["reward"])
+
+def _close_row(row: dict) -> None:
+    "After the last round: the champion's own feedback and the best init-round IoU (non-executable: 0.0)."
+    row["champion"]["feedback"] = feedback(row["champion"])
+    row["init_best_iou"] = max((a["iou"] or 0.0) if a["status"] == "OK" else 0.0
+                               for a in row["rounds"][0]["attempts"])
+
+# %% ../../nbs/pix/11_agent_loop.ipynb #9af2f701
 def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(), spec=None,
                    model: str | None = None) -> dict:
     """Run the attempt → champion → feedback → revise protocol on `tasks`; returns the JSON record.
@@ -134,35 +163,22 @@ def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(),
                representation=config.representation)
     with Timer() as timer:
         init = sample_and_verify(policy, tasks, prompts, config.n_init, seed=config.seed, **gen)
-        rows = []
-        for t, attempts in zip(tasks, init):
-            c = _pick_champion(attempts)
-            rows.append({"task_id": t.id, "family": t.family, "level": t.level,
-                         "rounds": [{"round": 0, "kind": "init", "attempts": attempts}],
-                         "champion": {**attempts[c], "round": 0, "attempt": c},
-                         "champion_reward_by_round": [attempts[c]["reward"]]})
+        rows = [_init_row(t, attempts) for t, attempts in zip(tasks, init)]
         for r in range(1, config.n_rounds + 1):
             fbs = [feedback(row["champion"]) for row in rows]
             rprompts = [revision_prompt(p, row["champion"]["code"], fb) for p, row, fb in zip(prompts, rows, fbs)]
             revs = sample_and_verify(policy, tasks, rprompts, config.n_revisions, seed=config.seed + r, **gen)
             for row, fb, attempts in zip(rows, fbs, revs):
-                row["rounds"].append({"round": r, "kind": "revision", "feedback": fb,
-                                      "seeded_by": {"round": row["champion"]["round"], "attempt": row["champion"]["attempt"]},
-                                      "attempts": attempts})
-                c = _pick_champion(attempts)
-                if attempts[c]["reward"] > row["champion"]["reward"]:  # strictly better only
-                    row["champion"] = {**attempts[c], "round": r, "attempt": c}
-                row["champion_reward_by_round"].append(row["champion"]["reward"])
+                _add_revision(row, r, fb, attempts)
     for row in rows:
-        row["champion"]["feedback"] = feedback(row["champion"])
-        row["init_best_iou"] = max((a["iou"] or 0.0) if a["status"] == "OK" else 0.0
-                                   for a in row["rounds"][0]["attempts"])
+        _close_row(row)
     return {"kind": LOOP_KIND, "version": 1, "model": model or getattr(policy, "name", None) or type(policy).__name__,
             "config": dataclasses.asdict(config), "prompt_spec": dataclasses.asdict(spec),
             "policy_max_new_tokens": config.max_new_tokens or getattr(policy, "max_new_tokens", None),
             "data_digest": release_digest(), "wall_s": round(timer.seconds, 3),
             "summary": loop_summary(rows), "tasks": rows}
 
+# %% ../../nbs/pix/11_agent_loop.ipynb #bca9bf2b
 def _iou0(a: dict) -> float:
     "IoU of an attempt, 0.0 for a non-executable one (used only in means, with the exec count beside it)."
     return float(a["iou"] or 0.0) if a["status"] == "OK" else 0.0
@@ -181,6 +197,28 @@ def loop_summary(rows: list[dict]) -> dict:
 class EndpointError(RuntimeError):
     "An OpenAI-compatible endpoint is down or answered something that is not a completion."
 
+def _completion_texts(client, url: str, payload: dict) -> list[str]:
+    """One `client.completions.create(**payload)` call (an `openai.OpenAI` client): the choices' texts in
+    index order. Every failure is an `EndpointError` naming `url`."""
+    import openai
+    try:
+        data = client.completions.create(**payload)
+    except openai.APIStatusError as e:
+        raise EndpointError(f"{url} answered HTTP {e.status_code}: {str(e.response.text)[:300]!r}") from None
+    except openai.APIConnectionError as e:   # includes timeouts, after the retries
+        raise EndpointError(f"{url} is unreachable: {e.__cause__ or e}") from None
+    except openai.APIResponseValidationError as e:
+        raise EndpointError(f"{url} returned a body that is not a completion: {e}") from None
+    except ValueError as e:                  # the body is not JSON
+        raise EndpointError(f"{url} returned non-JSON: {e}") from None
+    if isinstance(data, str):                # the client hands back a non-JSON body as text
+        raise EndpointError(f"{url} returned non-JSON: {data[:200]!r}")
+    choices = getattr(data, "choices", None)
+    if not isinstance(choices, list) or not choices or not all(isinstance(getattr(c, "text", None), str) for c in choices):
+        raise EndpointError(f"{url} returned no completion choices: {str(data)[:200]}")
+    return [c.text for c in sorted(choices, key=lambda c: getattr(c, "index", 0) or 0)]
+
+# %% ../../nbs/pix/11_agent_loop.ipynb #83b1f3d8
 class EndpointPolicy:
     """A policy served behind an OpenAI-compatible `/v1/completions` (transformers serve, vllm serve), called
     through the `openai` client: `timeout` per request, `max_retries` with exponential back-off on connection
@@ -202,23 +240,7 @@ class EndpointPolicy:
             self.prompt_spec = prompt_spec
 
     def _post(self, payload: dict) -> list[str]:
-        import openai
-        try:
-            data = self.client.completions.create(**payload)
-        except openai.APIStatusError as e:
-            raise EndpointError(f"{self.url} answered HTTP {e.status_code}: {str(e.response.text)[:300]!r}") from None
-        except openai.APIConnectionError as e:   # includes timeouts, after the retries
-            raise EndpointError(f"{self.url} is unreachable: {e.__cause__ or e}") from None
-        except openai.APIResponseValidationError as e:
-            raise EndpointError(f"{self.url} returned a body that is not a completion: {e}") from None
-        except ValueError as e:                  # the body is not JSON
-            raise EndpointError(f"{self.url} returned non-JSON: {e}") from None
-        if isinstance(data, str):                # the client hands back a non-JSON body as text
-            raise EndpointError(f"{self.url} returned non-JSON: {data[:200]!r}")
-        choices = getattr(data, "choices", None)
-        if not isinstance(choices, list) or not choices or not all(isinstance(getattr(c, "text", None), str) for c in choices):
-            raise EndpointError(f"{self.url} returned no completion choices: {str(data)[:200]}")
-        return [c.text for c in sorted(choices, key=lambda c: getattr(c, "index", 0) or 0)]
+        return _completion_texts(self.client, self.url, payload)
 
     def generate(self, prompts: list[str], n: int, temperature: float = 1.0, max_new_tokens: int | None = None,
                  seed: int = 0) -> list[list[str]]:
@@ -259,11 +281,11 @@ def resolve_tasks(spec: str, limit: int | None = None) -> list[Task]:
         raise ValueError(f"--tasks {spec!r} selects no task")
     return tasks
 
-def cli_main(argv: list[str] | None = None) -> int:
-    "`python -m pixrl.pix.agent_loop ...`: run the loop, write the record; exit status 0 / 2 on bad input or a dead endpoint."
-    import argparse, sys
-    from pathlib import Path
-    ap = argparse.ArgumentParser(prog="pixrl.pix.agent_loop", description="attempt -> measure -> revise loop")
+# %% ../../nbs/pix/11_agent_loop.ipynb #131f3d0f
+def _cli_parser():
+    "The parser of `cli_main`: the run's model, tasks, prompt and output, and one option per `LoopConfig` field."
+    import argparse
+    ap = argparse.ArgumentParser(prog="pixrl loop", description="attempt -> measure -> revise loop")
     ap.add_argument("--model", default="pixrl-tiny", help="model id/path (in-process), or the served name with --base-url")
     ap.add_argument("--base-url", help="OpenAI-compatible server root, e.g. http://127.0.0.1:8000")
     ap.add_argument("--tasks", default="bench")
@@ -275,7 +297,14 @@ def cli_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raster", type=int, help="prompt raster size for a served model (default: PromptSpec's)")
     ap.add_argument("--no-api-doc", action="store_true", help="prompt without the API doc (as pixrl-tiny was trained)")
     ap.add_argument("--out", required=True, help="record path (JSON)")
-    a = ap.parse_args(argv)
+    return ap
+
+# %% ../../nbs/pix/11_agent_loop.ipynb #5aba3904
+def cli_main(argv: list[str] | None = None) -> int:
+    "`python -m pixrl.pix.agent_loop ...`: run the loop, write the record; exit status 0 / 2 on bad input or a dead endpoint."
+    import sys
+    from pathlib import Path
+    a = _cli_parser().parse_args(argv)
     try:
         from pixrl.pix.prompt import PromptSpec
         spec = None
@@ -288,7 +317,7 @@ def cli_main(argv: list[str] | None = None) -> int:
         policy = make_policy(a.model, a.base_url, spec)
         rec = run_agent_loop(policy, resolve_tasks(a.tasks, a.limit), cfg, spec=spec, model=a.model)
     except (ValueError, EndpointError) as e:
-        print(f"pixrl.pix.agent_loop: {e}", file=sys.stderr)
+        print(f"pixrl loop: {e}", file=sys.stderr)
         return 2
     endpoint = {"base_url": policy.base_url, "served_model": policy.model} if a.base_url else None
     rec["run"] = run_record(seed=cfg.seed, data_digest=rec["data_digest"], endpoint=endpoint)

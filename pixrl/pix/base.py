@@ -2,7 +2,7 @@
 
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2d5
 from __future__ import annotations
-import dataclasses, hashlib, itertools, json, math, os, pickle
+import dataclasses, hashlib, itertools, json, math
 from pathlib import Path
 import numpy as np
 import torch
@@ -10,15 +10,15 @@ from transformers import Qwen2ForCausalLM
 from ..core import set_seed, Timer, BASE_NAME, NOISY_NAME, LONG_NAME
 from .geometry import render
 from .prompt import PromptSpec, build_prompt, format_answer, ink_bands, _fmt
-from .policy import model_dir_sha256
-from .tiny import SceneTask, MODEL_IMAGE_SHAPE, char_tokenizer, tiny_config, encode_example, collate, save_tiny
+from ..lm import tiny_config, encode_example, collate, model_dir_sha256
+from ..lm import KEYS_CHECKPOINT, load_tensors, save_checkpoint, resume_training, latest_checkpoint
+from .tiny import SceneTask, MODEL_IMAGE_SHAPE, char_tokenizer, save_tiny
 
 # %% auto #0
-__all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'KEYS_CHECKPOINT',
-           'BASE_BUILDS', 'cell_primitive', 'cell_scene', 'cell_stream', 'jitter_bands', 'band_program',
-           'target_program', 'band_calls', 'copy_errors', 'BaseConfig', 'load_tensors', 'save_checkpoint',
-           'resume_training', 'latest_checkpoint', 'group_examples', 'demonstrator_rng', 'initial_model',
-           'step_examples', 'train_base', 'build_base', 'base_build']
+__all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'BASE_BUILDS',
+           'cell_primitive', 'cell_scene', 'cell_stream', 'band_program', 'target_program', 'jitter_bands',
+           'band_calls', 'copy_errors', 'BaseConfig', 'group_examples', 'demonstrator_rng', 'step_examples',
+           'initial_model', 'train_base', 'build_base', 'base_build']
 
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2d7
 BASE_CELLS = 32
@@ -31,7 +31,7 @@ def _ri(rng: np.random.Generator, lo: int, hi: int) -> int:
     "An integer in [lo, hi] (hi clipped up to lo)."
     return int(rng.integers(lo, max(lo, hi) + 1))
 
-
+# %% ../../nbs/pix/06a_base.ipynb #86321709
 def cell_primitive(rng: np.random.Generator, n: int, sx: float, sy: float) -> tuple[tuple[int, int], str]:
     """One random drawing call on the `n × n` cell grid: ((top, left) in cells, source line(s))."""
     kind = str(rng.choice(PRIMITIVES, p=PRIMITIVE_P))
@@ -90,7 +90,7 @@ def cell_primitive(rng: np.random.Generator, n: int, sx: float, sy: float) -> tu
     return (y + r * py, x), (f"for i in range({c}):\n    for j in range({r}):\n"
                              f"        rect(({x} + i*{px})*sx, ({y} + j*{py})*sy, {w}*sx, {h}*sy)")
 
-
+# %% ../../nbs/pix/06a_base.ipynb #2f93639a
 def cell_scene(rng: np.random.Generator, idx: int = 0, n: int = BASE_CELLS) -> SceneTask:
     "A random scene in cell units (retries until the model image has ink)."
     while True:
@@ -125,23 +125,6 @@ BAND_HELPER = ("def b(y, h, *r):\n"
                "        rect(x*sx, y*sy, w*sx, h*sy)\n")
 
 
-def jitter_bands(bands: list, p: float, rng: np.random.Generator) -> list:
-    """`bands` (`ink_bands`' form) as a noisy demonstrator copies them: every number, a band's y and height and
-    each run's x and width, is moved one cell up or down (evenly) with probability `p`; a height or width never
-    goes below 1, a position never below 0. `p` 0 returns `bands` unchanged."""
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"jitter_bands: p={p!r}; accepted: a probability in [0, 1]")
-    out = []
-    for y, h, runs in bands:
-        values = [y, h, *(c for run in runs for c in run)]         # (2 + 2·runs,): y, h, x1, w1, x2, w2, …
-        moved = rng.random(len(values)) < p                        # (2 + 2·runs,) bool
-        up = rng.random(len(values)) < 0.5                         # (2 + 2·runs,) bool: +1, else −1
-        values = [max(i % 2, v + (1 if u else -1) * int(m))       # odd slots are sizes (≥ 1), even ones positions (≥ 0)
-                  for i, (v, m, u) in enumerate(zip(values, moved, up))]
-        out.append((values[0], values[1], tuple(zip(values[2::2], values[3::2]))))
-    return out
-
-
 def band_program(task, n: int = BASE_CELLS, jitter: float = 0.0, rng: np.random.Generator | None = None) -> str:
     """The band program of `task`'s model image on the `n × n` grid: `sx`, `sy` from the footprint, the helper
     `b(y, h, x1, w1, x2, w2, …)` (a band's runs, in cells), then one call per band, in the prompt's order.
@@ -165,6 +148,22 @@ def target_program(scene, target: str = "bands", n: int = BASE_CELLS, jitter: fl
         raise ValueError(f"jitter={jitter!r} with target {target!r}: the demonstrator's noise is defined on band programs only")
     return band_program(scene, n, jitter, rng) if target == "bands" else scene.program
 
+# %% ../../nbs/pix/06a_base.ipynb #9a7665b4
+def jitter_bands(bands: list, p: float, rng: np.random.Generator) -> list:
+    """`bands` (`ink_bands`' form) as a noisy demonstrator copies them: every number, a band's y and height and
+    each run's x and width, is moved one cell up or down (evenly) with probability `p`; a height or width never
+    goes below 1, a position never below 0. `p` 0 returns `bands` unchanged."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"jitter_bands: p={p!r}; accepted: a probability in [0, 1]")
+    out = []
+    for y, h, runs in bands:
+        values = [y, h, *(c for run in runs for c in run)]         # (2 + 2·runs,): y, h, x1, w1, x2, w2, …
+        moved = rng.random(len(values)) < p                        # (2 + 2·runs,) bool
+        up = rng.random(len(values)) < 0.5                         # (2 + 2·runs,) bool: +1, else −1
+        values = [max(i % 2, v + (1 if u else -1) * int(m))       # odd slots are sizes (≥ 1), even ones positions (≥ 0)
+                  for i, (v, m, u) in enumerate(zip(values, moved, up))]
+        out.append((values[0], values[1], tuple(zip(values[2::2], values[3::2]))))
+    return out
 
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2f9
 def band_calls(program: str) -> list[tuple[int, ...]]:
@@ -243,101 +242,6 @@ class BaseConfig:
         cos = 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, self.steps))))
         return self.lr * warm * (self.min_lr_frac + (1 - self.min_lr_frac) * cos)
 
-# %% ../../nbs/pix/06a_base.ipynb #b0a1c2de
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _atomic_write(path: Path, write) -> None:
-    "Call `write(tmp_path)`, fsync, then rename onto `path`: `path` is whole or absent."
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    write(tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-KEYS_CHECKPOINT = ("model", "optimizer", "scheduler", "step", "log", "config")   # what every checkpoint holds
-
-
-def _unpickler_reason(e: Exception) -> str:
-    "The line of a weights-only refusal that names what the file wanted to unpickle."
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    named = [ln for ln in lines if "Unsupported" in ln or "WeightsUnpickler" in ln]
-    return (named or lines or [type(e).__name__])[0][:300]
-
-
-def load_tensors(path, keys=()) -> dict:
-    """The dict saved at `path` with `torch.save`, read with `torch.load(weights_only=True)`: tensors and plain
-    Python data only, so loading never runs code. ValueError naming the file when it holds anything else (a
-    pickled object, a planted payload) or is not a dict with `keys`."""
-    try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as e:
-        raise ValueError(f"{path}: refused: it holds objects other than tensors and plain Python data, which pixrl "
-                         f"never unpickles ({_unpickler_reason(e)}); delete it, or write it again with pixrl") from None
-    except (RuntimeError, EOFError) as e:
-        raise ValueError(f"{path}: not a readable torch checkpoint: {str(e).splitlines()[0][:300]}") from None
-    if not isinstance(state, dict) or any(k not in state for k in keys):
-        got = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
-        raise ValueError(f"{path}: expected a dict with keys {list(keys)}; got {got}")
-    return state
-
-
-def save_checkpoint(ckpt_dir, step: int, state: dict, keep: int = 2) -> Path:
-    "Write `state` as `step-XXXXXXX.pt` + its `.sha256`; drop all but the newest `keep` checkpoints."
-    d = Path(ckpt_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"step-{step:07d}.pt"
-    _atomic_write(path, lambda p: torch.save(state, p))
-    digest = _sha256_file(path)
-    _atomic_write(path.with_suffix(".sha256"), lambda p: p.write_text(digest + "\n"))
-    for old in sorted(d.glob("step-*.pt"))[:-keep]:
-        old.with_suffix(".sha256").unlink(missing_ok=True)
-        old.unlink(missing_ok=True)
-    return path
-
-
-def resume_training(ckpt_dir, config: dict, model, opt, sched) -> tuple[int, list]:
-    """Load the newest good checkpoint of `ckpt_dir` into `model`, `opt`, `sched` (and torch's RNG when it was saved);
-    (its step, its log), or (0, []) when there is none. Says which newer checkpoints it passed over and why;
-    ValueError when the checkpoint was written for another `config`."""
-    ckpt, skipped = latest_checkpoint(ckpt_dir)
-    for why in skipped:
-        print(f"resume: skipped {why}")
-    if ckpt is None:
-        return 0, []
-    state = load_tensors(ckpt, KEYS_CHECKPOINT)
-    if state["config"] != config:
-        raise ValueError(f"{ckpt}: written for config {state['config']}, not {config}; use a fresh work_dir")
-    model.load_state_dict(state["model"])
-    opt.load_state_dict(state["optimizer"])
-    sched.load_state_dict(state["scheduler"])
-    if "torch_rng" in state:
-        torch.set_rng_state(state["torch_rng"])
-    print(f"resume: from {ckpt.name} (step {state['step']})")
-    return state["step"], state["log"]
-
-
-def latest_checkpoint(ckpt_dir) -> tuple[Path | None, list[str]]:
-    "(the newest checkpoint whose digest matches, the reasons each newer one was passed over)."
-    skipped = []
-    for path in sorted(Path(ckpt_dir).glob("step-*.pt"), reverse=True):
-        rec = path.with_suffix(".sha256")
-        if not rec.exists():
-            skipped.append(f"{path.name}: no digest file (interrupted while writing)")
-            continue
-        want, got = rec.read_text().strip(), _sha256_file(path)
-        if want != got:
-            skipped.append(f"{path.name}: sha256 {got} does not match its record {want}")
-            continue
-        return path, skipped
-    return None, skipped
-
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2e0
 def group_examples(cfg: BaseConfig, g: int, tokenizer) -> list[tuple[list[int], list[int]]]:
     """(ids, labels) of the `group · batch_size` scenes of step group `g`, sorted by length. Group g owns scene
@@ -364,6 +268,15 @@ def demonstrator_rng(seed: int, k: int) -> np.random.Generator:
     return np.random.default_rng([seed, 7542, k])
 
 
+def step_examples(cfg: BaseConfig, step: int, tokenizer, cache: dict | None = None) -> list:
+    "The batch of optimizer step `step`: its slice of its group's sorted scenes (`cache` keeps the last group)."
+    g, i = divmod(step, cfg.group)
+    cache = {} if cache is None else cache
+    if cache.get("g") != g:
+        cache.update(g=g, examples=group_examples(cfg, g, tokenizer))
+    return cache["examples"][i * cfg.batch_size:(i + 1) * cfg.batch_size]
+
+# %% ../../nbs/pix/06a_base.ipynb #6347397d
 def initial_model(cfg: BaseConfig):
     """A random init of `cfg.model_config()`, or, with `cfg.init`, that model's weights (a committed name is
     checked against its sha256 record); an architecture other than `cfg`'s is refused, naming both."""
@@ -379,16 +292,7 @@ def initial_model(cfg: BaseConfig):
                          f"{ {k: getattr(want, k) for k in keys} }")
     return model
 
-
-def step_examples(cfg: BaseConfig, step: int, tokenizer, cache: dict | None = None) -> list:
-    "The batch of optimizer step `step`: its slice of its group's sorted scenes (`cache` keeps the last group)."
-    g, i = divmod(step, cfg.group)
-    cache = {} if cache is None else cache
-    if cache.get("g") != g:
-        cache.update(g=g, examples=group_examples(cfg, g, tokenizer))
-    return cache["examples"][i * cfg.batch_size:(i + 1) * cfg.batch_size]
-
-
+# %% ../../nbs/pix/06a_base.ipynb #504073dc
 def train_base(cfg: BaseConfig, work_dir, verbose: bool = False, stop_after: int | None = None) -> tuple:
     """Pretrain (or resume) pixrl-base in `work_dir`; returns (model, tokenizer, log, info).
     `stop_after`: return after that many steps of this call (an interruption, for tests)."""

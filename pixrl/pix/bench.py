@@ -18,7 +18,7 @@ __all__ = ['BENCH_FAMILIES', 'BENCH_PER_FAMILY', 'BENCH_KIND', 'benchmark_tasks'
 # %% ../../nbs/pix/12a_bench.ipynb #53d2772f
 BENCH_FAMILIES = 8
 BENCH_PER_FAMILY = 8
-BENCH_KIND = "pixrl.pix.bench"
+BENCH_KIND = "pixrl.bench"
 
 def benchmark_tasks(n_families: int = BENCH_FAMILIES, per_family: int = BENCH_PER_FAMILY,
                     split: str = "test", release: str = "depth-v1") -> list[Task]:
@@ -112,7 +112,7 @@ def save_record(record: dict, path) -> Path:
 def load_record(path) -> dict:
     "Read a record written by `save_record`; refuses files that are not pixrl records."
     data = json.loads(Path(path).read_text())
-    if not isinstance(data, dict) or data.get("kind") not in (BENCH_KIND, "pixrl.pix.agent_loop"):
+    if not isinstance(data, dict) or data.get("kind") not in (BENCH_KIND, "pixrl.agent_loop"):
         raise ValueError(f"{path}: not a pixrl bench/agent-loop record (kind "
                          f"{data.get('kind') if isinstance(data, dict) else None!r})")
     return data

@@ -2,339 +2,46 @@
 
 # %% ../../nbs/pix/09_campaign.ipynb #3d041d74
 from __future__ import annotations
-import argparse, contextlib, dataclasses, hashlib, json, os, shutil, socket, subprocess, sys, time, uuid
+import argparse, contextlib, dataclasses, json, os, shutil, socket, subprocess, sys, time, uuid
 from pathlib import Path
-from ..core import (LONG_NAME, Accepts, cache_dir, check_fields, exit_launched_rank, read_json, recorded_run, repo_root,
-                        require_clean, set_seed, setting, world_size, write_text_atomic)
-from .reward import DEFAULT_REWARD, REWARD_POLICIES
-from ..tracking import PROGRESS_FILE, REPORT_TO, ProgressDisplay, check_report_to, read_progress, tracker_env
+from ..core import (cache_dir, exit_launched_rank, read_json, recorded_run, require_clean, set_seed, world_size,
+                        write_text_atomic)
+from ..tracking import PROGRESS_FILE, ProgressDisplay, read_progress, tracker_env
+from .campaign_plan import (ARMS, CANARY_EVERY, EXEC_SLACK, LEVELS, MIXED_REPLAY, SMOKE_STEPS, STANDARD_REPLAY,
+                                     THINK_MAX_NEW_TOKENS, THINKING_ARMS, Arm, RunPlan, Stage, build_plan, gate_absolute,
+                                     gate_relative, operating_point)
+from .campaign_config import (LATER_FIELDS, LOSS_TYPES, RENAMED, SCALE_REWARDS, UNTRAINED, CampaignConfig,
+                                       _as_levels, check_num_processes, config_fingerprint, current_names,
+                                       process_capacity, recipe, refuse_renamed, validate)
 
 # %% auto #0
-__all__ = ['LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_STEPS', 'ARMS', 'THINKING_ARMS',
-           'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'SCALE_REWARDS', 'LOSS_TYPES', 'LATER_FIELDS', 'UNTRAINED', 'POLL_S',
-           'Arm', 'Stage', 'RunPlan', 'build_plan', 'operating_point', 'gate_absolute', 'gate_relative', 'recipe',
-           'CampaignConfig', 'validate', 'process_capacity', 'check_num_processes', 'load_state', 'save_state',
-           'ckpt_dir', 'init_state', 'stage_input', 'trl_settings', 'token_budget', 'clean_tree_required',
-           'run_preflight_stage', 'campaign_reward', 'canary_probe', 'stage_run_name', 'run_stage', 'stage_command',
-           'CampaignBusy', 'run_dir_lock', 'run_campaign', 'probe_points', 'cli_main']
+__all__ = ['POLL_S', 'load_state', 'save_state', 'ckpt_dir', 'init_state', 'stage_input', 'trl_settings', 'token_budget',
+           'clean_tree_required', 'run_preflight_stage', 'campaign_reward', 'canary_probe', 'stage_run_name',
+           'run_stage', 'stage_command', 'CampaignBusy', 'run_dir_lock', 'run_campaign', 'probe_points', 'cli_main',
+           'LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_STEPS', 'ARMS', 'THINKING_ARMS',
+           'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'Arm', 'Stage', 'RunPlan', 'build_plan', 'operating_point',
+           'gate_absolute', 'gate_relative', 'SCALE_REWARDS', 'LOSS_TYPES', 'LATER_FIELDS', 'UNTRAINED', 'RENAMED',
+           'current_names', 'refuse_renamed', 'recipe', 'config_fingerprint', 'CampaignConfig', 'process_capacity',
+           'check_num_processes', 'validate']
 
-# %% ../../nbs/pix/09_campaign.ipynb #7840ec06
-LEVELS = (0, 1, 2, 3, 4)
-STANDARD_REPLAY = 0.25   # arm I's "standard replay mix"
-MIXED_REPLAY = 0.5       # arm F's 50 % backward blend
-CANARY_EVERY = 5         # arm I: canary probe every 5 optimizer steps
-SMOKE_STEPS = 2          # smoke mode: 2 GRPO steps per stage
-
-@dataclasses.dataclass(frozen=True)
-class Arm:
-    "One arm of the campaign matrix: what its plan holds, as data (the plan builder below is generic)."
-    name: str
-    description: str
-    sft_levels: tuple | None = ()     # levels with an SFT stage before their RL stage; None = every level
-    replay_share: float = 0.0         # default backward replay share of its RL stages (after the fork)
-    fork: str | None = None           # the arm whose first stages it copies from a finished campaign
-    fork_through: int | None = None   # default last copied stage of `fork`'s plan
-    thinking: bool = False            # runs at the long/thinking operating point
-    canary_every: int | None = None   # a canary probe every this many optimizer steps
-    last_level_only: bool = False     # one RL stage, on the last level
-    sft_allowed: bool = True          # False: refuses any SFT level
-
-ARMS = {a.name: a for a in [
-    Arm("A", "L0-SFT (absolute gate) -> RL L0 ... L4", sft_levels=(0,)),
-    Arm("B", "base RL L0 -> L4", sft_allowed=False),
-    Arm("C", "B at the long/thinking operating point", thinking=True, sft_allowed=False),
-    Arm("D", "A at the long/thinking operating point", sft_levels=(0,), thinking=True),
-    Arm("E", "A-fork (through RL L0) -> L1-SFT (relative gate) -> RL L1 ... L4", sft_levels=(1,), fork="A", fork_through=1),
-    Arm("F", "A-fork (through RL L0) -> RL L1 ... L4 with a 50% backward replay mix", replay_share=MIXED_REPLAY,
-        fork="A", fork_through=1, sft_allowed=False),
-    Arm("G", "full ladder: for each level, SFT (gated) -> RL", sft_levels=None),
-    Arm("I", "RL-only at L4, standard replay (25%), a canary probe every 5 steps, no SFT data ever",
-        replay_share=STANDARD_REPLAY, canary_every=CANARY_EVERY, last_level_only=True, sft_allowed=False),
-]}
-THINKING_ARMS = tuple(name for name, a in ARMS.items() if a.thinking)
-
-@dataclasses.dataclass(frozen=True)
-class Stage:
-    "One stage of a plan: `kind` sft|rl on `level`; gate = None | 'absolute' | 'relative'."
-    name: str
-    kind: str
-    level: int
-    steps: int = 0                 # rl: optimizer steps
-    epochs: float = 0.0            # sft: epochs over the level's train tasks
-    replay_share: float = 0.0      # rl: backward replay share (lower levels)
-    gate: str | None = None
-    canary_every: int | None = None
-
-@dataclasses.dataclass(frozen=True)
-class RunPlan:
-    arm: str
-    stages: tuple
-    needs_thinking: bool = False
-    fork_through: int | None = None   # stages 0..fork_through are copied from the fork source
-    description: str = ""
-
-    def table(self):
-        import pandas as pd
-        return pd.DataFrame([dataclasses.asdict(s) for s in self.stages])
-
-def _ladder(levels, sft_levels, steps: int, replay: float, sft_epochs: float, first: bool, canary=None) -> list:
-    "RL stages on `levels`, each preceded by an SFT stage where its level is in `sft_levels` (None = all)."
-    stages = []
-    for level in levels:
-        if sft_levels is None or level in sft_levels:
-            gate = "absolute" if first and not stages else "relative"   # a fresh lineage vs a mid-lineage insertion
-            stages.append(Stage(f"sft-L{level}", "sft", level, epochs=sft_epochs, gate=gate))
-        stages.append(Stage(f"rl-L{level}", "rl", level, steps=steps, replay_share=replay, canary_every=canary))
-    return stages
-
-def build_plan(arm: str, steps_per_level: int | None = None, replay_share: float | None = None, sft_levels=None,
-               sft_epochs: float | None = None, fork_through: int | None = None, smoke: bool | None = None,
-               levels=None) -> RunPlan:
-    """The RunPlan of `arm` (a row of `ARMS`) under the given knobs. `None` for `replay_share`, `sft_levels` and
-    `fork_through` takes the arm's default; for `steps_per_level`, `sft_epochs`, `smoke` and `levels` it takes
-    `CampaignConfig`'s (below, the single source of the defaults), so the plan built here is a default campaign's."""
-    if None in (steps_per_level, sft_epochs, smoke, levels):
-        from pixrl.pix.campaign import CampaignConfig     # read at call time: the dataclass is defined after this function
-        steps_per_level = CampaignConfig.steps_per_level if steps_per_level is None else steps_per_level
-        sft_epochs = CampaignConfig.sft_epochs if sft_epochs is None else sft_epochs
-        smoke = CampaignConfig.smoke if smoke is None else smoke
-        levels = CampaignConfig.levels if levels is None else levels
-    name = str(arm).upper()
-    if name not in ARMS:
-        raise ValueError(f"unknown arm {arm!r}; accepted: {', '.join(ARMS)}")
-    if steps_per_level < 1:
-        raise ValueError(f"steps_per_level must be >= 1, got {steps_per_level!r}")
-    spec = ARMS[name]
-    if sft_levels and not spec.sft_allowed:
-        raise ValueError(f"arm {name} never uses SFT data; sft_levels={sft_levels!r} is not accepted")
-    steps = SMOKE_STEPS if smoke else int(steps_per_level)
-    replay = spec.replay_share if replay_share is None else float(replay_share)
-    chosen = spec.sft_levels if sft_levels is None else tuple(sft_levels)
-    levels = tuple(levels)
-    head = []
-    if spec.fork:
-        head = list(build_plan(spec.fork, steps_per_level, 0.0, None, sft_epochs, smoke=smoke, levels=levels).stages)
-        head = head[:spec.fork_through + 1]
-        fork_through = spec.fork_through if fork_through is None else fork_through
-        levels = tuple(L for L in levels if L > head[-1].level)
-    if spec.last_level_only:
-        levels = (max(levels),)
-    stages = head + _ladder(levels, chosen, steps, replay, sft_epochs, first=not head, canary=spec.canary_every)
-    if fork_through is not None and not 0 <= fork_through < len(stages) - 1:
-        raise ValueError(f"fork_through={fork_through!r} must index a stage before the last of arm {name} "
-                         f"(0..{len(stages) - 2})")
-    return RunPlan(name, tuple(stages), needs_thinking=spec.thinking, fork_through=fork_through,
-                   description=spec.description)
-
-
-THINK_MAX_NEW_TOKENS = 2048   # the long budget of the thinking operating point (when max_new_tokens is not given)
-
-def operating_point(config: dict) -> dict:
-    """Sampling operating point of a campaign (probe, SFT prompts, GRPO rollouts). Arms C/D: thinking on
-    (`enable_thinking=True`) with a long budget (`max_new_tokens`, else THINK_MAX_NEW_TOKENS). Every other arm:
-    thinking off — a reasoning model's no-think mode; a model without one is unaffected — and `max_new_tokens`,
-    else the model's own budget (None)."""
-    thinking = ARMS[str(config["arm"]).upper()].thinking
-    return {"thinking": thinking, "max_new_tokens": config.get("max_new_tokens") or (THINK_MAX_NEW_TOKENS if thinking else None)}
-
-# %% ../../nbs/pix/09_campaign.ipynb #2abbeb72
-EXEC_SLACK = 0.05
-
-def _lvl(probe: dict, level: int) -> dict:
-    "Per-level entry of a probe result (JSON round-trips turn the int keys into str)."
-    pl = probe["per_level"]
-    return pl[level] if level in pl else pl[str(level)]
-
-def gate_absolute(post: dict, base: dict, level: int = 0) -> tuple[bool, str]:
-    "Fresh lineage: the post-SFT probe must beat the base probe on L0 (mean shaped reward, strictly)."
-    a, b = _lvl(post, level)["reward"], _lvl(base, level)["reward"]
-    ok = a > b
-    return ok, f"L{level} reward {a:.4f} {'>' if ok else '<='} base {b:.4f}"
-
-def gate_relative(post: dict, ref: dict, level: int, exec_slack: float = EXEC_SLACK) -> tuple[bool, str]:
-    "Mid-lineage insertion: overall exec rate may drop at most `exec_slack`, and L`level` IoU must increase."
-    e1, e0 = post["overall"]["exec_rate"], ref["overall"]["exec_rate"]
-    i1, i0 = _lvl(post, level)["iou"], _lvl(ref, level)["iou"]
-    exec_ok, iou_ok = e1 >= e0 - exec_slack, i1 > i0
-    return exec_ok and iou_ok, (f"exec {e0:.3f} -> {e1:.3f} ({'ok' if exec_ok else 'loss beyond slack ' + str(exec_slack)}); "
-                                f"L{level} IoU {i0:.3f} -> {i1:.3f} ({'gain' if iou_ok else 'no gain'})")
-
-# %% ../../nbs/pix/09_campaign.ipynb #c1ac5bb7
-SCALE_REWARDS = ("group", "batch", "none")   # TRL GRPOConfig.scale_rewards
-LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo", "sapo", "luspo", "vespo")   # TRL GRPOConfig.loss_type
-
-def _as_levels(value):
-    """Levels as a tuple: a list → a tuple, an int → (int,), a comma-separated string of ints ('0,1,2': what
-    `papermill -p levels 0,1` and the CLI pass) → its ints. Anything else is returned as it is, for `validate` to
-    refuse by name ('' and '0,x' stay strings)."""
-    if isinstance(value, str):
-        parts = [x.strip() for x in value.split(",") if x.strip()]
-        if parts and all(x.lstrip("+-").isdecimal() for x in parts):
-            return tuple(int(x) for x in parts)
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,)
-    if isinstance(value, list):
-        return tuple(value)
-    return value
-
-# fields added after campaigns were recorded, with the value they had then: at that value they leave the
-# fingerprint unchanged, so a recorded state.json still matches its config
-LATER_FIELDS = {"num_iterations": 1, "num_processes": 1, "sft_batch": 16}
-# fields that do not change what trains: where a campaign is written, how often it checkpoints, the preflight's
-# control size, where its step metrics are reported, how its rollouts are computed (fast_rollouts: the same
-# completions, runs/b_fast), whether it may run on a dirty tree (allow_dirty: its record says so)
-UNTRAINED = ("runs_root", "name", "save_steps", "preflight_control_n", "report_to", "fast_rollouts", "allow_dirty")
-
-def recipe(config: dict) -> dict:
-    """What trains, from a campaign's recorded config: every field but the UNTRAINED ones; a record older than a
-    LATER_FIELDS field gets the value the field had then. Two runs of one recipe at two seeds differ only in `seed`."""
-    return {k: v for k, v in {**LATER_FIELDS, **config}.items() if k not in UNTRAINED}
-
-_LEVEL = Accepts(int, ge=min(LEVELS), le=max(LEVELS))   # one curriculum level: L0 ... L4
-
-@dataclasses.dataclass
-class CampaignConfig:
-    """Everything that defines a pix campaign: the single source of its defaults (train.ipynb's parameters mirror
-    it). Every field is a `pixrl.core.setting` that says what it accepts; `validate` refuses anything else first."""
-    arm: str = setting("B", choices=tuple(ARMS))                                # a row of ARMS: A B C D E F G I (any case)
-    model: str = setting(LONG_NAME, min_len=1)                                  # pixrl-base-long (the default) | pixrl-base-noisy (the default until 2026-12-02) | pixrl-base (their exact-copy parent) | pixrl-tiny (weak fixture) | pixrl-tiny-vl | an HF id | a local dir
-    runs_root: str = setting("runs", min_len=1)                                 # parent folder of the run directory
-    name: str | None = setting(None, min_len=1)                                 # run directory name; None: the arm in lower case (+ '-smoke' in smoke mode)
-    levels: tuple = setting(LEVELS, min_len=1, distinct=True, items=_LEVEL)     # curriculum levels the plan covers, L0 ... L4 each once (a tuple, or "0,1,2" from papermill / the CLI)
-    steps_per_level: int = setting(54, ge=1)                                    # GRPO optimizer steps per RL stage (36 at lr 5e-4 gained +0.038: runs/b_lr5e-4; make train: runs/b)
-    rollouts: int = setting(8, ge=2)                                            # G: completions per group (TRL num_generations; a group of one has no advantage)
-    groups_per_step: int = setting(2, ge=1)                                     # prompts per optimizer step (batch = groups_per_step · rollouts completions)
-    lr: float = setting(5e-4, gt=0)                                             # GRPO learning rate (LoRA; constant). pixrl-base-noisy: 5e-4 gained +0.038 at μ 1 (runs/b_lr5e-4);
-                                                                                # 1e-3 lost IoU in its first two stages (stopped, not committed); pixrl-base got worse above 1e-4
-    lora_rank: int = setting(16, ge=0)                                          # LoRA rank on every linear layer; 0 = full fine-tuning
-    temperature: float = setting(1.0, gt=0)                                     # GRPO rollouts' sampling temperature (top_k 0, top_p 1); probes sample at T 1
-    max_new_tokens: int | None = setting(None, ge=1)                            # completion budget; None: the model's pixrl.json budget (C/D: THINK_MAX_NEW_TOKENS)
-    reward: str = setting(DEFAULT_REWARD, choices=REWARD_POLICIES)              # reward policy GRPO trains on and the probes score: shaped_v3d | shaped_v3c | shaped_v3b | raw_iou
-    scale_rewards: str = setting("group", choices=SCALE_REWARDS)                # TRL scale_rewards: A = (r − mean_group)/(std_group + 1e-4) | "batch" std | "none"
-    loss_type: str = setting("dapo", choices=LOSS_TYPES)                        # TRL loss_type: how token losses are aggregated ("dapo": over all tokens of the batch)
-    beta: float = setting(0.0, ge=0)                                            # TRL beta: KL coefficient to the reference policy; 0 = no reference model is loaded
-    num_iterations: int = setting(1, ge=1)                                      # TRL num_iterations (μ): optimizer steps on each generated batch (clipped ratio, ε 0.2)
-    fast_rollouts: bool = setting(True)                                         # rollouts from a LoRA-merged plain copy of the policy (transformers path; pixrl.pix.grpo):
-                                                                                # 0.75 × the generation time per token (runs/bench_rollout_long), the same completions
-    replay_share: float | None = setting(None, ge=0, lt=1)                      # backward replay share of RL batches (lower levels), below 1 (1 leaves no row of the level); None: the arm's default
-    sft_levels: tuple | None = setting(None, distinct=True, items=_LEVEL)       # levels with an SFT stage, among `levels`; () none; None: the arm's default (arms B, C, F, I refuse any)
-    sft_epochs: float = setting(1.0, gt=0)                                      # SFT epochs over a level's train tasks
-    sft_lr: float = setting(1e-3, gt=0)                                         # SFT learning rate
-    sft_batch: int = setting(16, ge=1)                                          # SFT examples per optimizer step, over all processes (each rank takes sft_batch / num_processes)
-    fork_from: str | None = setting(None, min_len=1)                            # run directory of a finished A campaign to fork (arms E/F)
-    fork_through: int | None = setting(None, ge=0)                              # last stage copied from the fork, before the plan's last; None: the arm's default
-    exec_slack: float = setting(EXEC_SLACK, ge=0, le=1)                         # relative gate: the exec-rate loss an SFT insertion may cause
-    smoke: bool = setting(False)                                                # SMOKE_STEPS GRPO steps per stage (a plumbing check, not a result); only True or False, never "no"
-    seed: int = setting(0, ge=0)                                                # seeds sampling, training and the probe
-    probe_k: int = setting(2, ge=1)                                             # samples per probe task
-    probe_per_level: int = setting(16, ge=1)                                    # probe tasks per level (the fixed probe: first ids of each validation level)
-    save_steps: int = setting(5, ge=1)                                          # checkpoint every this many optimizer steps (resume granularity)
-    preflight_control_n: int = setting(40, ge=1)                                # validation tasks in the preflight's ground-truth positive control
-    report_to: str = setting("none", choices=REPORT_TO, check=check_report_to)  # step-metric tracker (pixrl.tracking): none | trackio | tensorboard (its package installed), in <run_dir>/tracking/
-    num_processes: int = setting(1, ge=1)                                       # processes of each GRPO and SFT stage (accelerate launch: gloo on CPU, NCCL on GPU); the batches stay as configured;
-                                                                                # at most the machine's CUDA devices (CPU: cores), a divisor of both batches (check_num_processes)
-    allow_dirty: bool = setting(False)                                          # run a recorded campaign (not smoke, run_dir in the checkout's runs/) on a dirty tree anyway; recorded as
-                                                                                # dirty: true, allow_dirty: true (False: refused first, naming the changed files); not in the fingerprint
-
-    def __post_init__(self):
-        if isinstance(self.arm, str):
-            self.arm = self.arm.upper()
-        self.levels = _as_levels(self.levels)
-        if self.sft_levels is not None:
-            self.sft_levels = _as_levels(self.sft_levels)
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.runs_root) / (self.name or (self.arm.lower() + ("-smoke" if self.smoke else "")))
-
-    @property
-    def evidence_dir(self) -> Path | None:
-        "Where the campaign's evidence goes, for `pixrl.core.require_clean`: its run directory; None in smoke mode (no result)."
-        return None if self.smoke else self.run_dir
-
-    def plan(self) -> RunPlan:
-        return build_plan(self.arm, self.steps_per_level, self.replay_share, self.sft_levels, self.sft_epochs,
-                          self.fork_through, self.smoke, self.levels)
-
-    def fingerprint(self) -> str:
-        """Identity of the campaign: every field that changes what trains (a later-added field at its neutral value is
-        left out; so are where it is written, how often it checkpoints, where its metrics are reported, allow_dirty)."""
-        d = {k: v for k, v in dataclasses.asdict(self).items()
-             if k not in UNTRAINED
-             and not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
-        d["sft_levels"] = list(d["sft_levels"]) if d["sft_levels"] is not None else None
-        d["levels"] = list(d["levels"])
-        d["fork_from"] = Path(d["fork_from"]).name if d["fork_from"] else None
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-
-def validate(cfg: CampaignConfig) -> RunPlan:
-    """All checks that must fail before any training starts; returns the plan. First every field against its setting
-    (kind, range, choices: nothing is loaded), then the plan, the fork, the machine, the model and the run directory."""
-    from pixrl.pix.policy import resolve_model, model_meta
-    check_fields(cfg)                                          # a bad value of any field, named
-    plan = cfg.plan()                                          # knobs the arm refuses (SFT levels, fork_through)
-    stray = [L for L in cfg.sft_levels or () if L not in cfg.levels]
-    if stray:
-        raise ValueError(f"sft_levels={cfg.sft_levels!r}: level(s) {stray} are not in levels={cfg.levels!r}, so no stage "
-                         "would train on them; accepted: levels of the plan")
-    if cfg.smoke and cfg.fork_from:
-        raise ValueError(f"smoke mode prices an operating point from the base model and cannot fork "
-                         f"(fork_from={cfg.fork_from!r}); drop one of smoke / fork_from")
-    if cfg.arm in ("E", "F") and not cfg.fork_from:
-        raise ValueError(f"arm {cfg.arm} forks a finished A campaign: pass fork_from=<runs_root>/<A run directory>")
-    if cfg.fork_from:
-        src = Path(cfg.fork_from) / "state.json"
-        if not src.exists():
-            raise ValueError(f"fork_from={cfg.fork_from!r} holds no campaign state.json")
-    check_num_processes(cfg.num_processes, cfg.groups_per_step * cfg.rollouts)
-    if any(s.kind == "sft" for s in plan.stages):
-        check_num_processes(cfg.num_processes, cfg.sft_batch, "SFT examples per optimizer step (sft_batch)")
-    path = resolve_model(cfg.model)                            # missing path -> ValueError
-    if plan.needs_thinking:
-        meta = model_meta(path) if Path(path).exists() else {}
-        can = meta.get("can_think")
-        if can is None:
-            from transformers import AutoTokenizer
-            tmpl = str(getattr(AutoTokenizer.from_pretrained(path, local_files_only=os.environ.get("PIXRL_ALLOW_DOWNLOAD") != "1"),
-                               "chat_template", "") or "")
-            can = "<think>" in tmpl or "enable_thinking" in tmpl
-        if not can:
-            raise ValueError(f"arm {cfg.arm} runs at the long/thinking operating point, but model {cfg.model!r} cannot "
-                             "think (no thinking chat template); use arm A/B for this model")
-    st = cfg.run_dir / "state.json"
-    if st.exists():
-        old = read_json(st, "campaign state")
-        if old.get("fingerprint") != cfg.fingerprint():
-            raise ValueError(f"{cfg.run_dir} already holds a different campaign (arm {old.get('config', {}).get('arm')!r}, "
-                             f"fingerprint {old.get('fingerprint')}) != this one ({cfg.fingerprint()}); "
-                             "choose another runs_root/name or remove that directory")
-    return plan
-
-# %% ../../nbs/pix/09_campaign.ipynb #659629c6
-def process_capacity() -> tuple[int, str]:
-    "(how many stage processes this machine holds, what they are): the CUDA devices, else the CPU cores."
-    import torch
-    if torch.cuda.is_available():
-        return torch.cuda.device_count(), "CUDA devices"
-    return os.cpu_count() or 1, "CPU cores"
-
-def check_num_processes(num_processes, global_batch: int, batch_name: str = "completions (groups_per_step · rollouts)") -> None:
-    "Refuse a `num_processes` the machine cannot run or the batch of `global_batch` (`batch_name`) cannot split over."
-    cap, what = process_capacity()
-    if not (isinstance(num_processes, int) and 1 <= num_processes <= cap):
-        raise ValueError(f"num_processes={num_processes!r}: this machine has {cap} {what}; accepted: an int from 1 to {cap}")
-    if global_batch % num_processes:
-        raise ValueError(f"num_processes={num_processes!r} does not divide the batch of {global_batch} {batch_name}; "
-                         "accepted: a divisor of it")
+# %% ../../nbs/pix/09_campaign.ipynb #97cc216a
+_all_ = ["LEVELS", "STANDARD_REPLAY", "MIXED_REPLAY", "CANARY_EVERY", "SMOKE_STEPS", "ARMS", "THINKING_ARMS",
+         "THINK_MAX_NEW_TOKENS", "EXEC_SLACK", "Arm", "Stage", "RunPlan", "build_plan", "operating_point",
+         "gate_absolute", "gate_relative",                                                  # 09b_campaign_plan
+         "SCALE_REWARDS", "LOSS_TYPES", "LATER_FIELDS", "UNTRAINED", "RENAMED", "current_names", "refuse_renamed",
+         "recipe", "config_fingerprint", "CampaignConfig", "process_capacity", "check_num_processes", "validate"]   # 09c
 
 # %% ../../nbs/pix/09_campaign.ipynb #9640e54f
 def _now():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 def load_state(run_dir) -> dict:
-    "The campaign state of `run_dir`; a truncated or damaged state.json is refused, naming the file."
-    return read_json(Path(run_dir) / "state.json", "campaign state")
+    """The campaign state of `run_dir`, its config under today's field names (`current_names`: a state recorded
+    before RENAMED holds the old ones); a truncated or damaged state.json is refused, naming the file."""
+    state = read_json(Path(run_dir) / "state.json", "campaign state")
+    if "config" in state:
+        state["config"] = current_names(state["config"])
+    return state
 
 def save_state(run_dir, state: dict) -> None:
     write_text_atomic(Path(run_dir) / "state.json", json.dumps(state, indent=1))
@@ -343,6 +50,7 @@ def ckpt_dir(state: dict, k: int | str) -> Path:
     "Where stage k's checkpoints and final weights live (outside git)."
     return cache_dir("campaigns", state["campaign_id"], f"stage_{k}")
 
+# %% ../../nbs/pix/09_campaign.ipynb #b2ba0439
 def init_state(cfg: CampaignConfig, plan: RunPlan) -> dict:
     "Create (or reuse) the state for `cfg`; restart it when its checkpoints are not on this machine."
     from pixrl.pix.policy import resolve_model
@@ -371,6 +79,7 @@ def init_state(cfg: CampaignConfig, plan: RunPlan) -> dict:
     write_text_atomic(rd / "config.json", json.dumps(st["config"], indent=1))
     return st
 
+# %% ../../nbs/pix/09_campaign.ipynb #b7166991
 def _seed_fork(st: dict, cfg: CampaignConfig, plan: RunPlan) -> None:
     "Copy stages 0..fork_through (records, weights path, probes) and the base probe from the fork source."
     src_dir = Path(cfg.fork_from)
@@ -419,6 +128,7 @@ def clean_tree_required(config: dict, run_dir) -> bool:
     written before the setting)."""
     return recorded_run(None if config.get("smoke") else run_dir) and not config.get("allow_dirty", False)
 
+# %% ../../nbs/pix/09_campaign.ipynb #357c4a78
 def run_preflight_stage(state: dict, run_dir: Path) -> dict:
     """The campaign's preflight (`pixrl.pix.preflight`: data digests, git state, whitelist, token audit against
     `token_budget`, ground-truth positive control; a clean tree when `clean_tree_required`) → `preflight.json`;
@@ -435,6 +145,7 @@ def run_preflight_stage(state: dict, run_dir: Path) -> dict:
     report.raise_if_failed()
     return report.to_json()
 
+# %% ../../nbs/pix/09_campaign.ipynb #b73b6e74
 def campaign_reward(config: dict) -> str:
     "The reward policy of a campaign's config; a state written before the setting existed trained on shaped_v3b."
     return config.get("reward", "shaped_v3b")
@@ -468,6 +179,7 @@ def stage_run_name(k, name: str) -> str:
     "The tracker's name of stage k's run (trackio: a run of the project named after the run directory)."
     return f"stage_{k}-{name}"
 
+# %% ../../nbs/pix/09_campaign.ipynb #d43ef914
 def run_stage(run_dir, k, report_to: str = "none") -> dict:
     """Execute stage k (or the base probe for k='base') of the campaign in `run_dir`; writes stage_<k>.json.
     `report_to`: the tracker TRL reports to (its directory comes in the environment: `pixrl.tracking.tracker_env`);
@@ -496,7 +208,7 @@ def run_stage(run_dir, k, report_to: str = "none") -> dict:
     report = {"report_to": report_to, "project": run_dir.name, "run_name": stage_run_name(k, s["name"])}
     progress = ProgressLog(run_dir / PROGRESS_FILE, k, s["name"])
     if s["kind"] == "sft":
-        res = run_sft(inp, _tasks(s["level"]), d, epochs=s["epochs"], lr=c["sft_lr"], lora_rank=c["lora_rank"],
+        res = run_sft(inp, _tasks(s["level"]), d, epochs=s["epochs"], learning_rate=c["sft_lr"], lora_r=c["lora_r"],
                       batch_size=c.get("sft_batch", LATER_FIELDS["sft_batch"]),
                       seed=c["seed"], save_steps=c["save_steps"], max_steps=SMOKE_STEPS if c["smoke"] else -1,
                       thinking=op["thinking"], callbacks=[progress], **report)
@@ -509,8 +221,8 @@ def run_stage(run_dir, k, report_to: str = "none") -> dict:
             probe = canary_probe(state, load_policy(inp, thinking=op["thinking"]))
             if is_main_rank():                     # the canary probes on rank 0 only; the others wait at the next step
                 cbs.append(PeriodicProbe(s["canary_every"], probe, run_dir / "canary.jsonl"))
-        res = run_grpo(inp, _tasks(s["level"]), d, steps=s["steps"], lr=c["lr"], lora_rank=c["lora_rank"],
-                       num_generations=c["rollouts"], groups_per_step=c["groups_per_step"],
+        res = run_grpo(inp, _tasks(s["level"]), d, steps=s["steps"], learning_rate=c["learning_rate"], lora_r=c["lora_r"],
+                       num_generations=c["num_generations"], groups_per_step=c["groups_per_step"],
                        temperature=c["temperature"], max_new_tokens=op["max_new_tokens"], seed=c["seed"],
                        save_steps=c["save_steps"], replay_tasks=replay, replay_share=s["replay_share"], callbacks=cbs,
                        thinking=op["thinking"], reward=campaign_reward(c), **trl_settings(c),
@@ -543,6 +255,7 @@ def stage_command(run_dir, k, report_to: str = "none", num_processes: int = 1) -
             "--num_machines", "1", "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no",
             "--main_process_port", str(_free_port()), *stage]
 
+# %% ../../nbs/pix/09_campaign.ipynb #d2d80cce
 def _stop(proc, num_processes: int) -> None:
     "Stop a stage process: SIGKILL; under accelerate SIGTERM first, which torchrun forwards to its worker ranks."
     if num_processes > 1:
@@ -584,6 +297,7 @@ def _sub(run_dir, k, log, report_to: str = "none", run_name: str = "", progress=
         tail = Path(log).read_text()[-3000:]
         raise RuntimeError(f"stage {k} of {run_dir} failed (exit {proc.returncode}); log {log}:\n{tail}")
 
+# %% ../../nbs/pix/09_campaign.ipynb #99ef7394
 def _gate(state: dict, k: int, run_dir: Path, exec_slack: float) -> tuple[bool, str] | None:
     s = state["plan"][k]
     if not s["gate"]:
@@ -604,6 +318,7 @@ def _short(path: str) -> str:
 def _reint(d):
     return {int(L): v for L, v in d.items()}
 
+# %% ../../nbs/pix/09_campaign.ipynb #37777a28
 class CampaignBusy(RuntimeError):
     "Another process holds the run directory's lock."
 
@@ -632,6 +347,7 @@ def run_dir_lock(run_dir):
     finally:
         f.close()
 
+# %% ../../nbs/pix/09_campaign.ipynb #62a59ef1
 def run_campaign(cfg: CampaignConfig, verbose: bool = True) -> dict:
     "Run (or resume) the campaign `cfg` under the run directory's lock; returns the final state."
     plan = validate(cfg)
@@ -639,6 +355,7 @@ def run_campaign(cfg: CampaignConfig, verbose: bool = True) -> dict:
     with run_dir_lock(cfg.run_dir):
         return _run_locked(cfg, plan, verbose)
 
+# %% ../../nbs/pix/09_campaign.ipynb #8e4041c1
 def _run_locked(cfg: CampaignConfig, plan: RunPlan, verbose: bool) -> dict:
     state = init_state(cfg, plan)
     rd = cfg.run_dir
@@ -697,6 +414,7 @@ def _run_locked(cfg: CampaignConfig, plan: RunPlan, verbose: bool) -> dict:
     save_state(rd, state)
     return state
 
+# %% ../../nbs/pix/09_campaign.ipynb #682f01fd
 def probe_points(state: dict, run_dir) -> list[tuple[str, dict]]:
     "[(label, probe result)] — the base probe then one point per finished stage."
     rd = Path(run_dir)
@@ -710,6 +428,14 @@ def probe_points(state: dict, run_dir) -> list[tuple[str, dict]]:
     return pts
 
 # %% ../../nbs/pix/09_campaign.ipynb #9a61abe2
+class _Renamed(argparse.Action):
+    "A flag from before RENAMED (`--rollouts 4`): refused when given, naming the flag that replaced it."
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        new = "--" + RENAMED[self.dest].replace("_", "-")
+        parser.error(f"{option_string} {values} is now {new} {values} (TRL GRPOConfig's and peft LoraConfig's names); "
+                     f"accepted: {new}")
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pixrl campaign", description="run or resume a pix training campaign")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -723,12 +449,15 @@ def _parser() -> argparse.ArgumentParser:
         else:
             typ = {"int": int, "float": float, "str": str}.get(str(f.type).split(" ")[0], str)
             r.add_argument(flag, type=typ, default=f.default)
+    for old in RENAMED:                            # --rollouts 4: refused when given, naming --num-generations
+        r.add_argument("--" + old.replace("_", "-"), action=_Renamed, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     s = sub.add_parser("stage", help="(internal) run one stage of a campaign")
     s.add_argument("--run-dir", required=True)
     s.add_argument("--stage", required=True)
     s.add_argument("--report-to", default="none")
     return p
 
+# %% ../../nbs/pix/09_campaign.ipynb #861c5d5b
 def cli_main(argv: list[str] | None = None) -> int:
     "Entry point of `pixrl campaign ...` / `python -m pixrl.pix.campaign ...`."
     a = _parser().parse_args(argv)

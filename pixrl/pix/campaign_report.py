@@ -50,18 +50,24 @@ def step_metrics(state: dict, run_dir) -> pd.DataFrame:
     steps["t"] = range(len(steps))
     return steps
 
-def plot_steps(steps: pd.DataFrame):
-    "One panel per STEP_COLUMNS entry present; vertical lines at stage boundaries."
+def plot_steps(steps: pd.DataFrame, smooth: int = 1, columns=STEP_COLUMNS):
+    """One panel per entry of `columns` present; dotted lines at stage boundaries, each stage named on the first panel.
+    `smooth` > 1: the raw metric drawn faint under its `smooth`-step rolling mean (within each stage)."""
     import matplotlib.pyplot as plt
-    cols = [c for c in STEP_COLUMNS if c in steps]
+    cols = [c for c in columns if c in steps]
     fig, axs = plt.subplots(1, len(cols), figsize=(2.6 * len(cols), 2.4), dpi=72, squeeze=False)
-    starts = steps.groupby("stage", sort=False)["t"].min().values[1:]
+    first = steps.groupby("stage", sort=False)["t"].min()
     for ax, c in zip(axs[0], cols):
-        ax.plot(steps["t"], steps[c], lw=1)
+        raw = ax.plot(steps["t"], steps[c], lw=1, alpha=0.35 if smooth > 1 else 1.0)[0]
+        if smooth > 1:
+            mean = steps.groupby("stage", sort=False)[c].transform(lambda x: x.rolling(smooth, min_periods=1).mean())
+            ax.plot(steps["t"], mean, lw=1.4, color=raw.get_color())
         ax.set_title(c, fontsize=8)
         ax.grid(alpha=0.3)
-        for b in starts:
-            ax.axvline(b - 0.5, color="k", lw=0.5, alpha=0.4)
+        for b in first.values[1:]:
+            ax.axvline(b - 0.5, color="k", lw=0.6, ls=":", alpha=0.6)
+    for name, t0 in first.items():
+        axs[0][0].text(t0 + 1, 0.02, name, transform=axs[0][0].get_xaxis_transform(), fontsize=6, va="bottom")
     plt.tight_layout()
     return fig
 

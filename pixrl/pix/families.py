@@ -28,7 +28,7 @@ def _lin(base: int, *terms) -> str:
         s = (f"{s} - {term}" if step < 0 else f"{s} + {term}") if s else (f"-{term}" if step < 0 else term)
     return s
 
-
+# %% ../../nbs/pix/01a_families.ipynb #fd7950c2
 class Retry(Exception):
     "The sampled parameters do not fit the footprint: draw again (same seed stream)."
 
@@ -52,12 +52,10 @@ class Rng:
     def coin(self) -> bool:
         return self.r.randrange(2) == 1
 
-
-class Code:
-    """Emits program text. Families draw in a canonical frame (u along the long axis of the
-    footprint, v across it); with `transpose` the emitter swaps x and y, so the same family
-    also produces tall layouts. Arguments are ints (quarter-um, written as literals) or strings
-    (expressions such as `5 + i*2.5`)."""
+# %% ../../nbs/pix/01a_families.ipynb #bd2e066d
+class _ProgramLines:
+    """The text half of `Code`: indented program lines, `for` loops, and arguments written as literals
+    (ints, in quarter-um) or kept as expressions (strings), with x and y swapped when `transpose`."""
 
     def __init__(self, transpose: bool):
         self.t, self.lines, self.depth = transpose, [], 0
@@ -81,6 +79,16 @@ class Code:
         yield
         self.depth -= 1
 
+    def source(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+# %% ../../nbs/pix/01a_families.ipynb #c9909ecb
+class Code(_ProgramLines):
+    """Emits program text. Families draw in a canonical frame (u along the long axis of the
+    footprint, v across it); with `transpose` the emitter swaps x and y, so the same family
+    also produces tall layouts. Arguments are ints (quarter-um, written as literals) or strings
+    (expressions such as `5 + i*2.5`)."""
+
     def _draw(self, call: str, cut: bool):
         self.line(f"cut({call})" if cut else call)
 
@@ -99,9 +107,6 @@ class Code:
 
     def path(self, pts, width):
         self._draw(f"path({self._pts(pts)}, {self._v(width)})", False)
-
-    def source(self) -> str:
-        return "\n".join(self.lines) + "\n"
 
 # %% ../../nbs/pix/01a_families.ipynb #1a000005
 def _cross_bars(c, cx, cy, au, av, tu, tv, along=(), across=()):
@@ -132,7 +137,7 @@ def _ring(r, c, U, V, mu, mv):
     ro = rad + w // 2
     c.ring(r.ri(ro + mu, U - ro - mu), r.ri(ro + mv, V - ro - mv), rad, w)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #b6aecd46
 def _taper(r, c, U, V, mu, mv):
     x0, x1 = r.ri(mu, U // 5), r.ri(U - U // 5, U - mu)
     hw = r.ri(max(3 * mv, V // 3), V - 2 * mv)
@@ -143,7 +148,7 @@ def _taper(r, c, U, V, mu, mv):
         x0, x1 = U - x0, U - x1
     _taper_part(c, x0, ya0, ya0 + hw, x1, yb0, yb0 + hn)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #2a096fab
 def _wire(r, c, U, V, mu, mv):
     w = r.even(mu, max(mu + 1, V // 8))
     h = w // 2
@@ -180,7 +185,7 @@ def _pad_pair(r, c, U, V, mu, mv):
         h = r.ri(max(2 * mv, V // 4), V - 2 * mv)
         c.rect(mu + i * slot + r.ri(0, slot - mu - w), r.ri(mv, V - mv - h), w, h)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #b583c3ae
 def _pad_wire(r, c, U, V, mu, mv):
     pw1, pw2 = r.ri(2 * mu, max(2 * mu, U // 5)), r.ri(2 * mu, max(2 * mu, U // 5))
     ph1, ph2 = r.ri(max(3 * mv, V // 4), V - 2 * mv), r.ri(max(3 * mv, V // 4), V - 2 * mv)
@@ -198,7 +203,7 @@ def _pad_wire(r, c, U, V, mu, mv):
         xm = r.ri(x1 + pw1 + mu + ww // 2, x2 - mu - ww // 2)
         c.path([(x1 + pw1 // 2, ya), (xm, ya), (xm, yb), (x2 + pw2 // 2, yb)], ww)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #69117c79
 def _taper_wg(r, c, U, V, mu, mv):
     pw, ph = r.ri(2 * mu, max(2 * mu, U // 4)), r.even(max(4 * mv, V // 3), V - 2 * mv)
     t = r.even(mv, max(mv, ph // 4))  # waveguide width
@@ -212,7 +217,7 @@ def _taper_wg(r, c, U, V, mu, mv):
     _taper_part(c, X(x0 + pw), cy - ph // 2, cy + ph // 2, X(xt), cy - t // 2, cy + t // 2)
     c.rect(min(X(xt), X(xe)), cy - t // 2, xe - xt, t)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #1fa27c76
 def _ell_marker(r, c, U, V, mu, mv):
     tu, tv = r.ri(mu, max(mu, U // 10)), r.ri(mv, max(mv, V // 6))
     lu, lv = r.ri(max(3 * tu, U // 3), U - 2 * mu), r.ri(max(3 * tv, V // 3), V - 2 * mv)
@@ -247,7 +252,7 @@ def _wire_bus(r, c, U, V, mu, mv):
     with c.loop("j", n):
         c.rect(x0, _lin(y0, ("j", p)), L, lw)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #b7683683
 def _via_array(r, c, U, V, mu, mv):
     s = r.even(mu, max(mu + 1, min(U // 8, V // 4)))  # via size (same in um along both axes)
     pu, pv = s + r.ri(mu, max(mu, 2 * s)), s + r.ri(mv, max(mv, 2 * s))
@@ -260,7 +265,7 @@ def _via_array(r, c, U, V, mu, mv):
         else:
             c.rect(_lin(x0, ("i", pu)), _lin(y0, ("j", pv)), s, s)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #20d224be
 def _ring_array(r, c, U, V, mu, mv):
     w = r.even(mu, max(mu + 1, V // 12))
     rad = r.ri(w // 2 + mu, max(w // 2 + mu, (V - 2 * mv - w) // 4))
@@ -278,7 +283,7 @@ def _ring_array(r, c, U, V, mu, mv):
         with c.loop("i", nx), c.loop("j", ny):
             c.ring(_lin(x0, ("i", p)), _lin(y0, ("j", pv)), rad, w)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #1f04fa70
 def _cross_array(r, c, U, V, mu, mv):
     tu, tv = r.even(mu, max(mu + 1, U // 24)), r.even(mv, max(mv + 1, V // 12))
     au, av = r.ri(tu // 2 + mu, max(tu // 2 + mu, U // 10)), r.ri(tv // 2 + mv, max(tv // 2 + mv, V // 5))
@@ -309,7 +314,7 @@ def _grating_coupler(r, c, U, V, mu, mv):
     _taper_part(c, xg + Lg, cy - Hg // 2, cy + Hg // 2, xt, cy - t // 2, cy + t // 2)
     c.rect(xt, cy - t // 2, U - mu - xt, t)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #4bd2cde5
 def _pad_holes(r, c, U, V, mu, mv):
     pw, ph = r.ri(max(8 * mu, U // 3), U * 2 // 3), r.ri(max(8 * mv, V // 2), V - 2 * mv)
     x0, y0 = r.ri(mu, U // 10), r.ri(mv, V - mv - ph)
@@ -330,7 +335,7 @@ def _pad_holes(r, c, U, V, mu, mv):
     c.rect(x0 + pw, ly, cx - x0 - pw, t)
     c.rect(cx, cyy, cw, ch)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #79257bf6
 def _probe_pads(r, c, U, V, mu, mv):
     n = r.ri(2, 8)
     pw = r.ri(2 * mu, max(2 * mu, (U - 2 * mu) // n - mu))
@@ -353,7 +358,7 @@ def _probe_pads(r, c, U, V, mu, mv):
             c.rect(_lin(x0, ("i", p)), mv, pw, ph)
             c.path([(_lin(x0 + pw // 2, ("i", p)), mv + ph), (_lin(x0 + pw // 2, ("i", p)), yd)], ww)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #91e78095
 def _ring_bus(r, c, U, V, mu, mv):
     t = r.even(mv, max(mv, V // 12))  # bus width
     g = r.ri(mv, max(mv, V // 20))  # coupling gap
@@ -370,7 +375,7 @@ def _ring_bus(r, c, U, V, mu, mv):
     with c.loop("i", 2):  # the two end pads
         c.rect(_lin(mu, ("i", U - 2 * mu - pw)), py, pw, ph)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #1ef407d9
 def _frame_mark(r, c, U, V, mu, mv):
     fw, fh = r.ri(max(12 * mu, U // 2), U - 2 * mu), r.ri(max(12 * mv, V // 2), V - 2 * mv)
     x0, y0 = r.ri(mu, U - mu - fw), r.ri(mv, V - mv - fh)
@@ -414,7 +419,7 @@ def _meander(r, c, U, V, mu, mv):
     c.rect(xl, yl, U - mu - pw - xl, ct)
     c.rect(U - mu - pw, y0 + hl - ph if top_free else y0, pw, ph)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #805985bd
 def _idc(r, c, U, V, mu, mv):
     bt = r.ri(mv, max(mv, V // 8))  # bus thickness
     fw = r.ri(mu, max(mu, U // 50))  # finger width
@@ -440,7 +445,7 @@ def _idc(r, c, U, V, mu, mv):
         c.rect(x0 - lead, y0, lead, bt)
         c.rect(x0 + Lb, y0 + H - bt, lead, bt)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #2ac07b47
 def _spiral(r, c, U, V, mu, mv):
     w = r.even(mu, max(mu + 1, V // 16))
     n = r.ri(2, 5)
@@ -462,7 +467,7 @@ def _spiral(r, c, U, V, mu, mv):
     cw = r.ri(w, w + mu)  # landing square at the inner end
     c.rect(x0 + n * sx - cw // 2, y0 + n * sy - cw // 2, cw, cw)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #1b4737ed
 def _array_of_arrays(r, c, U, V, mu, mv):
     nbx, nby = r.ri(1, 4), r.ri(1, 3)
     if nbx * nby < 2:
@@ -484,7 +489,7 @@ def _array_of_arrays(r, c, U, V, mu, mv):
         with c.loop("i", nx), c.loop("j", ny):
             c.rect(_lin(x0 + mu_b, ("bx", Bu), ("i", s + gu)), _lin(y0 + mv_b, ("by", Bv), ("j", s + gv)), s, s, cut=holes)
 
-
+# %% ../../nbs/pix/01a_families.ipynb #fbee632e
 def _ring_coupler(r, c, U, V, mu, mv):
     t = r.even(mv, max(mv, V // 14))  # waveguide width
     g = r.ri(mv, max(mv, V // 24))  # gaps

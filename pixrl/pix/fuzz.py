@@ -5,6 +5,10 @@ from __future__ import annotations
 import random, re
 from .geometry import allowed_names
 
+# %% auto #0
+__all__ = ['MUTATIONS', 'EXTREMES', 'CONFUSABLE', 'mutate', 'fuzz_programs']
+
+# %% ../../nbs/pix/03e_fuzz.ipynb #4fd0ffcb
 MUTATIONS = ("drop_token", "repeat_token", "number_extreme", "random_call", "confusable", "deep_nesting",
              "huge_literal", "truncate", "svg")   # what `mutate` does to a source, by name
 EXTREMES = ("1e308", "-1e308", "1e-308", "0", "-0.0", "1e999", "10**30", "2**63", "-2**31", "9007199254740993",
@@ -22,7 +26,7 @@ def _random_arg(rng: random.Random) -> str:
     return rng.choice([str(rng.randint(-5, 200)), f"{rng.uniform(-1e3, 1e3):.3f}", rng.choice(EXTREMES), "'s'",
                        "[1, 2]", "[(0, 0), (1, 1), (2, 0)]", "None", "True", "()", "[]", "x" * rng.randint(1, 3)])
 
-
+# %% ../../nbs/pix/03e_fuzz.ipynb #37d85d0f
 def _svg(rng: random.Random) -> str:
     "A random element soup from the SVG subset (and beyond it): unknown tags and attributes, bad numbers, entities."
     tags = ["rect", "circle", "polygon", "path", "g", "text", "script", "image", "use"]
@@ -40,7 +44,7 @@ def _svg(rng: random.Random) -> str:
     tail = "</svg>" if rng.random() < 0.9 else ""
     return head + "".join(body) + tail
 
-
+# %% ../../nbs/pix/03e_fuzz.ipynb #ea19c38d
 def mutate(source: str, kind: str, rng: random.Random) -> tuple[str, str]:
     "One mutation of a Python `source` by name (`MUTATIONS`); returns (new source, its representation)."
     if kind not in MUTATIONS:
@@ -78,7 +82,7 @@ def mutate(source: str, kind: str, rng: random.Random) -> tuple[str, str]:
         return source[:rng.randrange(len(source) + 1)], "py"
     return _svg(rng), "svg"
 
-
+# %% ../../nbs/pix/03e_fuzz.ipynb #c5ec00ca
 def fuzz_programs(programs: list[str], n: int, seed: int = 0) -> list[tuple[int, str, str, str]]:
     "`n` mutants of random `programs`, round-robin over `MUTATIONS`: [(program index, kind, source, representation)]."
     if not programs:
@@ -91,7 +95,3 @@ def fuzz_programs(programs: list[str], n: int, seed: int = 0) -> list[tuple[int,
         src, rep = mutate(programs[i], kind, rng)
         out.append((i, kind, src, rep))
     return out
-
-
-# %% auto #0
-__all__ = ['MUTATIONS', 'EXTREMES', 'CONFUSABLE', 'mutate', 'fuzz_programs']

@@ -78,7 +78,7 @@ def _label(row: dict) -> tuple[str, str]:
 
 def compose_gallery(record: dict, task_ids: list[str] | None = None, columns: int = 2) -> Image.Image:
     "The gallery image for a record (all its tasks, or `task_ids` in that order)."
-    if record.get("kind") not in ("pixrl.pix.bench", "pixrl.pix.agent_loop"):
+    if record.get("kind") not in ("pixrl.bench", "pixrl.agent_loop"):
         raise GalleryError(f"not a bench or agent-loop record: kind {record.get('kind')!r}")
     digest = release_digest()
     if record.get("data_digest") != digest:

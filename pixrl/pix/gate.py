@@ -36,6 +36,101 @@ _WHAT = {ast.Import: "import", ast.ImportFrom: "import", ast.JoinedStr: "f-strin
 _TOO_DEEP = "not valid Python: nested too deeply (RecursionError)"   # one text, wherever the depth ran out
 
 # %% ../../nbs/pix/03b_gate.ipynb #e4162c59
+def _name_reason(node: ast.Name, api: frozenset, bound: set, loads: list) -> str | None:
+    "The rule of a name: kept in `loads` when read (checked at the end), in `bound` when written."
+    if node.id.startswith("_"):
+        return f"underscore name not allowed: {node.id!r}"
+    if node.id in FORBIDDEN_NAMES:
+        return f"name not allowed: {node.id!r}"
+    if type(node.ctx) is ast.Load:
+        loads.append(node)
+    elif node.id in api:
+        return f"cannot rebind API name {node.id!r}"
+    else:
+        bound.add(node.id)
+    return None
+
+def _attribute_reason(node: ast.Attribute) -> str | None:
+    "The rule of an attribute: read only, no underscore, one of `ALLOWED_ATTRS`."
+    if node.attr.startswith("_"):
+        return f"underscore attribute not allowed: .{node.attr}"
+    if type(node.ctx) is not ast.Load:
+        return f"assigning to an attribute is not allowed: .{node.attr}"
+    if node.attr not in ALLOWED_ATTRS:
+        return f"attribute not allowed: .{node.attr} (allowed: {', '.join(sorted(ALLOWED_ATTRS))})"
+    return None
+
+# %% ../../nbs/pix/03b_gate.ipynb #ebebeaf3
+def _constant_reason(node: ast.Constant, limits: Limits, inert: set) -> str | None:
+    "The rule of a constant: a number, bool or None; a short string only where nothing reads it (in `inert`)."
+    v = node.value
+    if isinstance(v, str):
+        if len(v) > limits.max_str_chars:
+            return f"string constant too long ({len(v)} chars)"
+        if node not in inert:
+            return (f"string value not allowed (line {node.lineno}): a program computes with numbers; "
+                    "text may stand only as a docstring or an assert message")
+    elif not (v is None or isinstance(v, (bool, int, float))):
+        return f"constant of type {type(v).__name__} not allowed"
+    return None
+
+def _function_reason(node: ast.FunctionDef, api: frozenset, bound: set) -> str | None:
+    "The rule of a `def`: a public, non-API name (bound), no decorator, no return annotation."
+    if node.name.startswith("_") or node.name in FORBIDDEN_NAMES:
+        return f"function name not allowed: {node.name!r}"
+    if node.name in api:
+        return f"cannot rebind API name {node.name!r}"
+    if node.decorator_list or node.returns:
+        return "decorators/annotations not allowed"
+    bound.add(node.name)
+    return None
+
+def _arg_reason(node: ast.arg, bound: set) -> str | None:
+    "The rule of an argument: a public, allowed name (bound), no annotation."
+    if node.arg.startswith("_") or node.arg in FORBIDDEN_NAMES:
+        return f"argument name not allowed: {node.arg!r}"
+    if node.annotation is not None:
+        return "annotations not allowed"
+    bound.add(node.arg)
+    return None
+
+# %% ../../nbs/pix/03b_gate.ipynb #ec090c8d
+def _tree_reason(tree: ast.Module, api: frozenset, limits: Limits) -> str | None:
+    "The reason the parsed program `tree` is rejected (the first rule a node breaks), or None."
+    bound, loads = set(), []                      # names the program binds / reads
+    inert = set()                                 # constants nothing can read: a docstring, an assert message
+    for n_nodes, node in enumerate(ast.walk(tree)):
+        if n_nodes >= limits.max_nodes:
+            return f"program too large: more than {limits.max_nodes} syntax nodes"
+        t = type(node)
+        if t not in ALLOWED_NODES:
+            return f"syntax not allowed: {_WHAT.get(t, t.__name__)} (line {getattr(node, 'lineno', '?')})"
+        reason = None
+        if t is ast.Name:
+            reason = _name_reason(node, api, bound, loads)
+        elif t is ast.Attribute:
+            reason = _attribute_reason(node)
+        elif t is ast.Expr or t is ast.Assert:
+            inert.add(node.value if t is ast.Expr else node.msg)   # walked before its children
+        elif t is ast.Constant:
+            reason = _constant_reason(node, limits, inert)
+        elif t is ast.FunctionDef:
+            reason = _function_reason(node, api, bound)
+        elif t is ast.arguments and node.kwarg is not None:
+            reason = f"**{node.kwarg.arg} not allowed: its keys would be string values"
+        elif t is ast.arg:
+            reason = _arg_reason(node, bound)
+        elif t is ast.keyword and node.arg is not None and node.arg.startswith("_"):
+            reason = f"underscore keyword not allowed: {node.arg!r}"
+        if reason is not None:
+            return reason
+    for node in loads:
+        if node.id not in api and node.id not in bound:
+            return (f"unknown name {node.id!r} (line {node.lineno}): only the drawing API, safe builtins, "
+                    "math names and names the program defines")
+    return None
+
+# %% ../../nbs/pix/03b_gate.ipynb #6754cf14
 def gate_compile(source: str, limits: Limits, names: frozenset | None = None) -> tuple:
     """The py gate: (None, code object) when `source` may run, else (reason, None). One pass over the tree.
     `names`: what a program may read besides the names it binds (default `ALLOWED_NAMES`).
@@ -49,67 +144,9 @@ def gate_compile(source: str, limits: Limits, names: frozenset | None = None) ->
         return _TOO_DEEP, None
     except (SyntaxError, ValueError, OverflowError) as e:
         return f"not valid Python: {type(e).__name__}: {str(e)[:200]}", None
-    api = ALLOWED_NAMES if names is None else names
-    bound, loads = set(), []                      # names the program binds / reads
-    inert = set()                                 # constants nothing can read: a docstring, an assert message
-    for n_nodes, node in enumerate(ast.walk(tree)):
-        if n_nodes >= limits.max_nodes:
-            return f"program too large: more than {limits.max_nodes} syntax nodes", None
-        t = type(node)
-        if t not in ALLOWED_NODES:
-            return f"syntax not allowed: {_WHAT.get(t, t.__name__)} (line {getattr(node, 'lineno', '?')})", None
-        if t is ast.Name:
-            if node.id.startswith("_"):
-                return f"underscore name not allowed: {node.id!r}", None
-            if node.id in FORBIDDEN_NAMES:
-                return f"name not allowed: {node.id!r}", None
-            if type(node.ctx) is ast.Load:
-                loads.append(node)
-            elif node.id in api:
-                return f"cannot rebind API name {node.id!r}", None
-            else:
-                bound.add(node.id)
-        elif t is ast.Attribute:
-            if node.attr.startswith("_"):
-                return f"underscore attribute not allowed: .{node.attr}", None
-            if type(node.ctx) is not ast.Load:
-                return f"assigning to an attribute is not allowed: .{node.attr}", None
-            if node.attr not in ALLOWED_ATTRS:
-                return f"attribute not allowed: .{node.attr} (allowed: {', '.join(sorted(ALLOWED_ATTRS))})", None
-        elif t is ast.Expr or t is ast.Assert:
-            inert.add(node.value if t is ast.Expr else node.msg)   # walked before its children
-        elif t is ast.Constant:
-            v = node.value
-            if isinstance(v, str):
-                if len(v) > limits.max_str_chars:
-                    return f"string constant too long ({len(v)} chars)", None
-                if node not in inert:
-                    return (f"string value not allowed (line {node.lineno}): a program computes with numbers; "
-                            "text may stand only as a docstring or an assert message"), None
-            elif not (v is None or isinstance(v, (bool, int, float))):
-                return f"constant of type {type(v).__name__} not allowed", None
-        elif t is ast.FunctionDef:
-            if node.name.startswith("_") or node.name in FORBIDDEN_NAMES:
-                return f"function name not allowed: {node.name!r}", None
-            if node.name in api:
-                return f"cannot rebind API name {node.name!r}", None
-            if node.decorator_list or node.returns:
-                return "decorators/annotations not allowed", None
-            bound.add(node.name)
-        elif t is ast.arguments and node.kwarg is not None:
-            return f"**{node.kwarg.arg} not allowed: its keys would be string values", None
-        elif t is ast.arg:
-            if node.arg.startswith("_") or node.arg in FORBIDDEN_NAMES:
-                return f"argument name not allowed: {node.arg!r}", None
-            if node.annotation is not None:
-                return "annotations not allowed", None
-            bound.add(node.arg)
-        elif t is ast.keyword and node.arg is not None and node.arg.startswith("_"):
-            return f"underscore keyword not allowed: {node.arg!r}", None
-    for node in loads:
-        if node.id not in api and node.id not in bound:
-            return (f"unknown name {node.id!r} (line {node.lineno}): only the drawing API, safe builtins, "
-                    "math names and names the program defines"), None
+    reason = _tree_reason(tree, ALLOWED_NAMES if names is None else names, limits)
+    if reason is not None:
+        return reason, None
     try:
         return None, compile(tree, "<candidate>", "exec")
     except RecursionError:
@@ -218,6 +255,7 @@ def _svg_num(el, attrs, name, default=None, nonneg=False):
         raise SvgRejected(f"<{el} {name}={v}>: a size must be >= 0 um")
     return x
 
+# %% ../../nbs/pix/03b_gate.ipynb #a44af907
 def _svg_path_d(d):
     "Polylines (lists of (x, y) in SVG coordinates) of a path `d` using M/L/H/V/Z (abs. or rel.)."
     toks = _svg_numbers(d, "path d")
@@ -267,16 +305,8 @@ def _svg_path_d(d):
     return [p for p in polys if len(p) >= 2]
 
 # %% ../../nbs/pix/03b_gate.ipynb #3b000006
-def parse_svg(source: str, footprint_um=None, limits: Limits | None = None) -> list:
-    """Safely parse the SVG subset into ops `(kind, args, is_cut)` in y-up um coordinates.
-    Without `footprint_um` the viewBox height is used for the y flip (structure check only)."""
-    import xml.parsers.expat as expat
-    limits = limits or Limits(timeout_s=1.0)
-    reason = precheck(source, limits)
-    if reason is not None:
-        raise SvgRejected(reason)
-    p = expat.ParserCreate()
-    elems, stack, texts = [], [], []
+def _refuse_declarations(p):
+    "Make expat parser `p` raise SvgRejected at a DOCTYPE, any declaration, a processing instruction or an entity."
     def reject(what):
         def h(*a):
             raise SvgRejected(f"SVG {what} not allowed")
@@ -290,6 +320,33 @@ def parse_svg(source: str, footprint_um=None, limits: Limits | None = None) -> l
     p.SkippedEntityHandler = reject("entity reference")
     p.ElementDeclHandler = reject("element declaration")
     p.AttlistDeclHandler = reject("attribute-list declaration")
+
+def _svg_height(root: dict, footprint_um=None) -> float:
+    """The height (um) the y flip uses: the footprint's, else the viewBox's (0 without one). The viewBox, when
+    given, must be `0 0 W H` and, with a footprint, match it."""
+    vb = None
+    if "viewBox" in root:
+        vb = [v for v in _svg_numbers(root["viewBox"], "viewBox") if not isinstance(v, str)]
+        if len(vb) != 4 or vb[0] != 0 or vb[1] != 0 or not (vb[2] > 0 and vb[3] > 0):
+            raise SvgRejected(f"viewBox must be '0 0 W H' (the footprint in um), got {_clip(root['viewBox'], 60)}")
+    if footprint_um is not None and vb is not None:
+        W, H = footprint_um
+        if abs(vb[2] - W) > 1e-6 * max(1.0, W) or abs(vb[3] - H) > 1e-6 * max(1.0, H):
+            raise SvgRejected(f"viewBox {_clip(root['viewBox'], 60)} does not match the footprint {W:g} x {H:g} um")
+    return footprint_um[1] if footprint_um is not None else (vb[3] if vb else 0.0)
+
+# %% ../../nbs/pix/03b_gate.ipynb #59aab510
+def parse_svg(source: str, footprint_um=None, limits: Limits | None = None) -> list:
+    """Safely parse the SVG subset into ops `(kind, args, is_cut)` in y-up um coordinates.
+    Without `footprint_um` the viewBox height is used for the y flip (structure check only)."""
+    import xml.parsers.expat as expat
+    limits = limits or Limits(timeout_s=1.0)
+    reason = precheck(source, limits)
+    if reason is not None:
+        raise SvgRejected(reason)
+    p = expat.ParserCreate()
+    elems, stack, texts = [], [], []
+    _refuse_declarations(p)
     def start(name, attrs):
         if name not in _SVG_ATTRS:
             raise SvgRejected(f"SVG element <{_short(name)}> not allowed (allowed: {', '.join(_SVG_ATTRS)})")
@@ -318,17 +375,7 @@ def parse_svg(source: str, footprint_um=None, limits: Limits | None = None) -> l
         raise SvgRejected("text content is not allowed in the SVG")
     if not elems or elems[0][0] != "svg":
         raise SvgRejected("the root element must be <svg>")
-    root = elems[0][1]
-    vb = None
-    if "viewBox" in root:
-        vb = [v for v in _svg_numbers(root["viewBox"], "viewBox") if not isinstance(v, str)]
-        if len(vb) != 4 or vb[0] != 0 or vb[1] != 0 or not (vb[2] > 0 and vb[3] > 0):
-            raise SvgRejected(f"viewBox must be '0 0 W H' (the footprint in um), got {_clip(root['viewBox'], 60)}")
-    if footprint_um is not None and vb is not None:
-        W, H = footprint_um
-        if abs(vb[2] - W) > 1e-6 * max(1.0, W) or abs(vb[3] - H) > 1e-6 * max(1.0, H):
-            raise SvgRejected(f"viewBox {_clip(root['viewBox'], 60)} does not match the footprint {W:g} x {H:g} um")
-    H = footprint_um[1] if footprint_um is not None else (vb[3] if vb else 0.0)
+    H = _svg_height(elems[0][1], footprint_um)
     ops = _SvgOps(limits)
     for name, a, inherited in elems[1:]:
         if name != "g":
@@ -389,6 +436,7 @@ class _SvgOps:
                               f"{self.limits.coord_bound_um:g} um")
         self.ops.append((kind, args, is_cut))
 
+# %% ../../nbs/pix/03b_gate.ipynb #476e965d
 def svg_to_program(source: str, footprint_um=None, limits: Limits | None = None) -> str:
     "Translate accepted SVG into an equivalent `py` program (numeric literals only)."
     lines = []

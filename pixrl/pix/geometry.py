@@ -41,7 +41,7 @@ def _nonneg(value, fn: str, name: str) -> float:
         raise RenderError(f"{fn}(): {name}={value!r} is negative; sizes must be >= 0 um")
     return v
 
-
+# %% ../../nbs/pix/00_geometry.ipynb #d6f497c3
 def _points(points, fn: str, min_len: int, max_len: int = 100_000) -> tuple:
     "Check a sequence of (x, y) pairs and return it as a tuple of float pairs."
     try:
@@ -59,7 +59,7 @@ def _points(points, fn: str, min_len: int, max_len: int = 100_000) -> tuple:
         out.append((_num(x, fn, f"points[{k}][0]"), _num(y, fn, f"points[{k}][1]")))
     return tuple(out)
 
-
+# %% ../../nbs/pix/00_geometry.ipynb #066df7a4
 def check_footprint(footprint_um) -> tuple[float, float]:
     "Validate a footprint `(width, height)` in um: two finite numbers > 0. Returns floats."
     ok = isinstance(footprint_um, (tuple, list, np.ndarray)) and len(footprint_um) == 2
@@ -138,7 +138,7 @@ class Shape:
     def __repr__(self):
         return f"{self.kind}{self.args}"
 
-
+# %% ../../nbs/pix/00_geometry.ipynb #51029d33
 class Rect(Shape):
     kind = "rect"
 
@@ -163,7 +163,7 @@ class Circle(Shape):
         dx, dy = X - cx, Y - cy
         return dx * dx + dy * dy <= r * r
 
-
+# %% ../../nbs/pix/00_geometry.ipynb #32d2d05d
 class Ring(Shape):
     kind = "ring"
 
@@ -179,7 +179,7 @@ class Ring(Shape):
         d2 = dx * dx + dy * dy
         return (d2 >= ri * ri) & (d2 <= ro * ro)
 
-
+# %% ../../nbs/pix/00_geometry.ipynb #9e144301
 class Polygon(Shape):
     kind = "polygon"
 
@@ -205,7 +205,7 @@ class Polygon(Shape):
                 wind -= ((Y >= y1) & (Y < y0) & (side < 0)).astype(np.int32)
         return wind != 0
 
-
+# %% ../../nbs/pix/00_geometry.ipynb #4c7530a6
 class Path(Shape):
     kind = "path"
 
@@ -301,7 +301,7 @@ def allowed_names() -> frozenset[str]:
     "Every name a program may reference: drawing API, safe builtins and math names."
     return frozenset(API_REGISTRY) | frozenset(SAFE_BUILTINS) | frozenset(MATH_NAMES)
 
-
+# %% ../../nbs/pix/00_geometry.ipynb #747051bd
 def drawing_namespace(scene: Scene) -> dict:
     """A fresh globals dict for `exec` of a program: the drawing functions bound to `scene`, the
     safe builtins and the math names as plain names, and an empty `__builtins__`."""
@@ -351,7 +351,7 @@ def rasterize(scene: Scene, grid: Grid, max_shapes: int | None = None) -> np.nda
             mask[rows, cols] &= ~inside
     return mask
 
-
+# %% ../../nbs/pix/00_geometry.ipynb #cd25e81b
 def _program_line(exc: BaseException) -> int | None:
     "Line number of the innermost traceback frame that belongs to the program."
     line, tb = None, exc.__traceback__
@@ -380,7 +380,7 @@ def run_program(source: str, max_shapes: int | None = None) -> Scene:
         raise RenderError(f"program raised{at}: {msg}") from e
     return scene
 
-
+# %% ../../nbs/pix/00_geometry.ipynb #5ad13b06
 def render(source: str, footprint_um, shape, max_shapes: int | None = None) -> np.ndarray:
     """Trusted rasterisation of a program: bool array `shape = (ny, nx)`, row 0 = top.
     Untrusted code must go through `pixrl.pix.evaluator`, which adds the sandbox."""

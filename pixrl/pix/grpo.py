@@ -201,13 +201,13 @@ def device_kw() -> dict:
         return {"use_cpu": True, "bf16": False, "fp16": False}
     return {"bf16": torch.cuda.is_bf16_supported(), "fp16": False}
 
-def lora_config(rank: int) -> LoraConfig | None:
-    "LoRA on all linear layers (alpha = 2·rank); rank 0 = full fine-tuning (None)."
-    if rank < 0:
-        raise ValueError(f"lora_rank must be >= 0, got {rank!r}")
-    if rank == 0:
+def lora_config(lora_r: int) -> LoraConfig | None:
+    "LoRA on all linear layers (alpha = 2·lora_r); lora_r 0 = full fine-tuning (None)."
+    if lora_r < 0:
+        raise ValueError(f"lora_r must be >= 0, got {lora_r!r}")
+    if lora_r == 0:
         return None
-    return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    return LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
 
 def last_checkpoint(out_dir) -> str | None:
     """The newest *complete* Trainer checkpoint in `out_dir`: one whose `trainer_state.json` (which the Trainer writes
@@ -223,17 +223,17 @@ def last_checkpoint(out_dir) -> str | None:
             shutil.rmtree(c, ignore_errors=True)
     return None
 
-def _common_args(out_dir, steps, lr, seed, save_steps, report_to: str = "none", project: str = "pixrl",
+def _common_args(out_dir, steps, learning_rate, seed, save_steps, report_to: str = "none", project: str = "pixrl",
                  run_name: str | None = None) -> dict:
     "TrainingArguments shared by GRPO and SFT stages; `report_to`, `project`, `run_name`: `pixrl.tracking.trl_report_args`."
-    return dict(output_dir=str(out_dir), max_steps=steps, learning_rate=lr, lr_scheduler_type="constant",
+    return dict(output_dir=str(out_dir), max_steps=steps, learning_rate=learning_rate, lr_scheduler_type="constant",
                 warmup_steps=0, logging_steps=1, save_strategy="steps", save_steps=save_steps, save_total_limit=2,
                 seed=seed, data_seed=seed, gradient_checkpointing=False, dataloader_num_workers=0,
                 disable_tqdm=True, **trl_report_args(report_to, project, run_name), **device_kw())
 
-def grpo_config(out_dir, steps: int, *, lr: float, num_generations: int, groups_per_step: int, temperature: float,
-                max_new_tokens: int, seed: int, save_steps: int, scale_rewards: str, loss_type: str, beta: float,
-                num_iterations: int,
+def grpo_config(out_dir, steps: int, *, learning_rate: float, num_generations: int, groups_per_step: int,
+                temperature: float, max_new_tokens: int, seed: int, save_steps: int, scale_rewards: str,
+                loss_type: str, beta: float, num_iterations: int,
                 use_vllm: bool | None = None, chat_template_kwargs: dict | None = None, report_to: str = "none",
                 project: str = "pixrl", run_name: str | None = None) -> GRPOConfig:
     """GRPOConfig for one pix RL stage (batch = `groups_per_step` × G completions, one optimizer step per batch;
@@ -244,7 +244,7 @@ def grpo_config(out_dir, steps: int, *, lr: float, num_generations: int, groups_
         raise ValueError(f"num_generations must be >= 2 (GRPO needs a group), got {num_generations!r}")
     vllm = resolve_use_vllm(use_vllm)
     extra = {"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.35} if vllm else {}
-    return GRPOConfig(**_common_args(out_dir, steps, lr, seed, save_steps, report_to, project, run_name),
+    return GRPOConfig(**_common_args(out_dir, steps, learning_rate, seed, save_steps, report_to, project, run_name),
                       per_device_train_batch_size=per_device_batch(num_generations * groups_per_step),
                       gradient_accumulation_steps=1,
                       num_generations=num_generations, max_completion_length=max_new_tokens, temperature=temperature,
@@ -302,12 +302,11 @@ def _finish(trainer, policy: Policy, out_dir: Path, meta: dict) -> Path:
                         {"max_new_tokens": policy.max_new_tokens, "can_think": policy.can_think, **meta})
     return final
 
-def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lora_rank: int, num_generations: int,
-             groups_per_step: int, temperature: float, max_new_tokens: int | None, seed: int, save_steps: int,
-             reward: str, scale_rewards: str, loss_type: str, beta: float, num_iterations: int, fast_rollouts: bool,
-             replay_tasks: list = (),
-             replay_share: float = 0.0, use_vllm: bool | None = None, callbacks: list = (),
-             thinking: bool | None = None, report_to: str = "none", project: str = "pixrl",
+def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate: float, lora_r: int,
+             num_generations: int, groups_per_step: int, temperature: float, max_new_tokens: int | None, seed: int,
+             save_steps: int, reward: str, scale_rewards: str, loss_type: str, beta: float, num_iterations: int,
+             fast_rollouts: bool, replay_tasks: list = (), replay_share: float = 0.0, use_vllm: bool | None = None,
+             callbacks: list = (), thinking: bool | None = None, report_to: str = "none", project: str = "pixrl",
              run_name: str | None = None) -> dict:
     """One GRPO stage from `model_dir` on `tasks` (+ replay); resumes from the last checkpoint in `out_dir`.
     The knobs come from the campaign's `CampaignConfig` (no defaults here; `max_new_tokens=None`: the model's budget).
@@ -317,8 +316,9 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lor
     policy = load_policy(model_dir, thinking=thinking)
     rows = replay_mix(tasks, list(replay_tasks), replay_share, seed)
     reward_fn = make_reward_fn({t.id: t for t in rows}, policy=reward)   # shaped_v3d | shaped_v3c | shaped_v3b | raw_iou
-    cfg = grpo_config(out_dir, steps, lr=lr, num_generations=num_generations, groups_per_step=groups_per_step,
-                      temperature=temperature, max_new_tokens=int(max_new_tokens or policy.max_new_tokens), seed=seed,
+    cfg = grpo_config(out_dir, steps, learning_rate=learning_rate, num_generations=num_generations,
+                      groups_per_step=groups_per_step, temperature=temperature,
+                      max_new_tokens=int(max_new_tokens or policy.max_new_tokens), seed=seed,
                       save_steps=save_steps, scale_rewards=scale_rewards, loss_type=loss_type, beta=beta,
                       num_iterations=num_iterations,
                       use_vllm=use_vllm,
@@ -326,37 +326,37 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, lr: float, lor
                       report_to=report_to, project=project, run_name=run_name)
     trainer = PixGRPOTrainer(model=policy.model, reward_funcs=reward_fn, args=cfg, train_dataset=rl_dataset(policy, rows),
                              processing_class=policy.processor or policy.tokenizer,
-                             peft_config=lora_config(lora_rank), callbacks=list(callbacks),
+                             peft_config=lora_config(lora_r), callbacks=list(callbacks),
                              fast_rollouts=fast_rollouts)
     trainer.remove_callback(PrinterCallback)  # metrics go to metrics.json, not stdout
     out = _train_resumable(trainer, policy, out_dir, {"stage": "grpo", "steps": steps})
     return {**out, "time_shares": time_shares(out["log_history"]), "n_rows": len(rows)}
 
 # %% ../../nbs/pix/07_grpo.ipynb #a27a1169
-def run_sft(model_dir: str, tasks: list, out_dir, *, epochs: float | None = None, lr: float | None = None,
-            lora_rank: int | None = None, batch_size: int | None = None, seed: int = 0, save_steps: int | None = None,
-            max_steps: int = -1, thinking: bool | None = None, callbacks: list = (), report_to: str = "none",
-            project: str = "pixrl", run_name: str | None = None) -> dict:
+def run_sft(model_dir: str, tasks: list, out_dir, *, epochs: float | None = None,
+            learning_rate: float | None = None, lora_r: int | None = None, batch_size: int | None = None,
+            seed: int = 0, save_steps: int | None = None, max_steps: int = -1, thinking: bool | None = None,
+            callbacks: list = (), report_to: str = "none", project: str = "pixrl", run_name: str | None = None) -> dict:
     """One SFT stage on `tasks`' ground-truth programs; resumable like `run_grpo` (callbacks and tracker too).
-    A knob left None is `CampaignConfig`'s default (the single source): `epochs` its `sft_epochs`, `lr` its `sft_lr`,
-    `lora_rank`, `batch_size` its `sft_batch`, `save_steps`.
+    A knob left None is `CampaignConfig`'s default (the single source): `epochs` its `sft_epochs`,
+    `learning_rate` its `sft_lr`, `lora_r` its `lora_r`, `batch_size` its `sft_batch`, `save_steps`.
     `batch_size` is the global batch: under `accelerate launch` each of the N ranks takes batch_size / N examples
     of every optimizer step (TRL's sampler shards the data), so 1 and N processes take the same optimizer steps."""
-    if None in (epochs, lr, lora_rank, batch_size, save_steps):
-        from pixrl.pix.campaign import CampaignConfig     # read at call time (09_campaign)
+    if None in (epochs, learning_rate, lora_r, batch_size, save_steps):
+        from pixrl.pix.campaign import CampaignConfig     # read at call time (09c_campaign_config)
         epochs = CampaignConfig.sft_epochs if epochs is None else epochs
-        lr = CampaignConfig.sft_lr if lr is None else lr
-        lora_rank = CampaignConfig.lora_rank if lora_rank is None else lora_rank
+        learning_rate = CampaignConfig.sft_lr if learning_rate is None else learning_rate
+        lora_r = CampaignConfig.lora_r if lora_r is None else lora_r
         batch_size = CampaignConfig.sft_batch if batch_size is None else batch_size
         save_steps = CampaignConfig.save_steps if save_steps is None else save_steps
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = load_policy(model_dir, thinking=thinking)
-    args = _common_args(out_dir, max_steps, lr, seed, save_steps, report_to, project, run_name)
+    args = _common_args(out_dir, max_steps, learning_rate, seed, save_steps, report_to, project, run_name)
     cfg = SFTConfig(**args, num_train_epochs=epochs, per_device_train_batch_size=per_device_batch(batch_size),
                     completion_only_loss=True, max_length=None, packing=False)
     trainer = PixSFTTrainer(model=policy.model, args=cfg, train_dataset=sft_dataset(policy, tasks),
-                         processing_class=policy.processor or policy.tokenizer, peft_config=lora_config(lora_rank),
+                         processing_class=policy.processor or policy.tokenizer, peft_config=lora_config(lora_r),
                          callbacks=list(callbacks))
     trainer.remove_callback(PrinterCallback)
     out = _train_resumable(trainer, policy, out_dir, {"stage": "sft", "epochs": epochs})

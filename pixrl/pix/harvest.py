@@ -36,6 +36,7 @@ def attempt_record(code: str, result: EvalResult, breakdown: dict) -> dict:
             "n_shapes": result.n_shapes,
             **{k: (bool(v) if k in ("degenerate", "executable") else _num(v)) for k, v in breakdown.items()}}
 
+# %% ../../nbs/pix/10_harvest.ipynb #45f223f8
 def verify(tasks: list[Task], codes: list[list[str]], representation: str = "py",
            workers: int | None = None, reward: str = DEFAULT_REWARD) -> list[list[dict]]:
     """Evaluate `codes[i][k]` against `tasks[i]` and score it; returns the same nesting of attempt dicts.
@@ -59,6 +60,7 @@ def verify(tasks: list[Task], codes: list[list[str]], representation: str = "py"
         out.append(row)
     return out
 
+# %% ../../nbs/pix/10_harvest.ipynb #95e20170
 def policy_prompt(policy, text: str) -> str:
     """What the policy is actually fed for prompt text `text`: an in-process `Policy` wraps it with `Policy.feed`
     (chat template, image slot — as `Policy.prompt` does); anything else (an endpoint) gets it as is."""
@@ -73,6 +75,7 @@ def task_prompts(policy, tasks: list[Task], spec) -> list[str]:
                          "takes no images; use a vision-language Policy, or a spec with vision=False (raster)")
     return [prompt_text(t, spec) for t in tasks]
 
+# %% ../../nbs/pix/10_harvest.ipynb #fdb10501
 def sample_and_verify(policy, tasks: list[Task], prompts: list[str], n: int, *, temperature: float = 1.0,
                       max_new_tokens: int | None = None, seed: int = 0, representation: str = "py") -> list[list[dict]]:
     """Sample `n` completions per prompt from `policy.generate`, extract each program, verify them.
@@ -157,7 +160,7 @@ def select_winners(candidates: list[dict], *, min_iou_n: float = WIN_IOU_N,
     return winners
 
 # %% ../../nbs/pix/10_harvest.ipynb #93f1616f
-WINNERS_KIND = "pixrl.pix.harvest.winners"
+WINNERS_KIND = "pixrl.harvest.winners"
 
 def apply_winner_labels(train_tasks: list[Task], winners: list[dict], representation: str = "py") -> list[Task]:
     """Project the train split onto the winner corpus: every train task with a `representation` winner,
@@ -181,6 +184,7 @@ def apply_winner_labels(train_tasks: list[Task], winners: list[dict], representa
     return [dataclasses.replace(t, program=by_id[t.id]["code"]) for t in sorted(tasks, key=lambda t: t.id)
             if t.id in by_id]
 
+# %% ../../nbs/pix/10_harvest.ipynb #de344485
 def save_winners(path, winners: list[dict], **meta) -> Path:
     "Write the winner corpus as strict JSON (`kind`, `version`, `meta`, `winners`)."
     path = Path(path)

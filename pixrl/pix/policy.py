@@ -9,47 +9,17 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 from ..core import repo_root, cache_dir, TINY_NAME, TINY_VL_NAME, BASE_NAME, COMMITTED_MODELS, PIXRL_META
+from ..lm import SHA256SUMS, model_dir_sha256, recorded_sha256, check_model_dir
 from .prompt import PromptSpec, prompt_text, prompt_image, feed_text, format_answer
 
 hf_logging.disable_progress_bar()  # evidence notebooks carry no progress-bar output
 
 # %% auto #0
-__all__ = ['SHA256SUMS', 'GENERIC_TOKENIZERS', 'model_dir_sha256', 'recorded_sha256', 'check_model_dir', 'resolve_model',
-           'model_meta', 'Samples', 'stop_ids', 'Policy', 'load_tokenizer', 'single_bos', 'image_only_processor',
-           'load_processor', 'load_policy', 'save_policy']
+__all__ = ['GENERIC_TOKENIZERS', 'resolve_model', 'model_meta', 'Samples', 'stop_ids', 'completion_entropy', 'sample_encoded',
+           'Policy', 'load_tokenizer', 'single_bos', 'image_only_processor', 'load_processor', 'load_policy',
+           'save_policy']
 
 # %% ../../nbs/pix/06_policy.ipynb #363b23fc
-SHA256SUMS = "SHA256SUMS"        # data/models/SHA256SUMS: `<sha256>  <model name>` of every committed model's weights
-
-def model_dir_sha256(path) -> str:
-    "sha256 of a model directory's weights (`model.safetensors`)."
-    import hashlib
-    f = Path(path) / "model.safetensors"
-    if not f.exists():
-        raise ValueError(f"model directory {str(path)!r} has no model.safetensors")
-    return hashlib.sha256(f.read_bytes()).hexdigest()
-
-def recorded_sha256(name: str) -> str | None:
-    "The committed digest of model `name` in `data/models/SHA256SUMS`, or None."
-    rec = repo_root() / "data" / "models" / SHA256SUMS
-    if not rec.exists():
-        return None
-    for line in rec.read_text().splitlines():
-        if line.strip() and line.split()[1] == name:
-            return line.split()[0]
-    return None
-
-def check_model_dir(path, name: str, expected: str | None = None) -> str:
-    """`path` if its weights match `expected` (default: the committed record of `name`); else ValueError naming
-    both digests."""
-    want, got = expected or recorded_sha256(name), model_dir_sha256(path)
-    if want is None:
-        raise ValueError(f"{name}: no record in data/models/{SHA256SUMS}")
-    if want != got:
-        raise ValueError(f"{name} at {path}: weights sha256 {got} does not match the committed record {want} "
-                         f"(data/models/{SHA256SUMS}); rebuild it with `make base` or restore it with git")
-    return str(path)
-
 def resolve_model(model: str | os.PathLike) -> str:
     """`pixrl-base`, `pixrl-base-noisy`, `pixrl-base-long`, `pixrl-tiny` → the committed directory (the bases checked against their recorded sha256); `pixrl-tiny-vl` → the from-config tiny VLM (`pixrl.pix.tiny.build_tiny_vlm`,
     built into the cache on first use, seed 0); an existing path → itself; `owner/name` → HF id; else ValueError."""
@@ -85,6 +55,7 @@ def resolve_model(model: str | os.PathLike) -> str:
                          "id of the form 'owner/name'")
     return m
 
+# %% ../../nbs/pix/06_policy.ipynb #6ea393f8
 def model_meta(path: str) -> dict:
     "Contents of `pixrl.json` beside a local model (the PromptSpec it was trained with), or {}."
     f = Path(path) / PIXRL_META
@@ -106,6 +77,39 @@ def stop_ids(tokenizer, model) -> list[int]:
     ids += list(cfg) if isinstance(cfg, (list, tuple)) else [cfg]
     return sorted({int(i) for i in ids if i is not None})
 
+# %% ../../nbs/pix/06_policy.ipynb #8f734635
+def completion_entropy(gen: torch.Tensor, scores, stop: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean token entropy (nats) of each completion and the mask of the tokens it averages: every generated token up
+    to and including the first stop id (all of them when none stops). `gen` (N, T): the generated ids; `scores`: T
+    tensors (N, V), the processed logits each token was drawn from (`generate(output_scores=True)`)."""
+    logp = torch.stack(scores, 1).float().log_softmax(-1)                          # (N, T, V)
+    h = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)                        # (N, T); −inf logits add 0
+    is_eos = torch.isin(gen, torch.tensor(stop, device=gen.device))                # (N, T)
+    first = torch.where(is_eos.any(1), is_eos.float().argmax(1),
+                        torch.full((gen.shape[0],), gen.shape[1], device=gen.device))   # (N,) first stop, else T
+    mask = torch.arange(gen.shape[1], device=gen.device)[None] <= first[:, None]    # (N, T) incl. eos
+    return (h * mask).sum(1) / mask.sum(1).clamp(min=1), mask                       # (N,), (N, T)
+
+# %% ../../nbs/pix/06_policy.ipynb #ddff3edd
+def sample_encoded(model, tokenizer, enc, n: int, temperature: float, max_new_tokens: int, stop: list[int]) -> Samples:
+    """`n` completions of every prompt of one encoded chunk `enc` (P prompts), as `Samples`. Greedy at temperature 0;
+    else the plain softmax at `temperature` (`top_k=0, top_p=1`); `stop` ends a completion (`stop_ids`)."""
+    greedy = temperature == 0
+    with torch.no_grad():
+        out = model.generate(**enc, do_sample=not greedy, temperature=None if greedy else temperature,
+                             top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
+                             max_new_tokens=max_new_tokens, num_return_sequences=n, output_scores=True,
+                             return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=stop)
+    gen = out.sequences[:, enc["input_ids"].shape[1]:]                       # (P*n, T): n consecutive rows a prompt
+    ent, mask = completion_entropy(gen, out.scores, stop)                    # (P*n,), (P*n, T)
+    dec = tokenizer.batch_decode(gen, skip_special_tokens=True)
+    rows = range(len(dec) // n)                                              # P
+    return Samples([dec[p * n:(p + 1) * n] for p in rows],
+                   [[float(e) for e in ent[p * n:(p + 1) * n]] for p in rows],
+                   [[int(x) for x in mask[p * n:(p + 1) * n].sum(1)] for p in rows])
+
+# %% ../../nbs/pix/06_policy.ipynb #1b31edf5
 @dataclasses.dataclass
 class Policy:
     model: object
@@ -162,33 +166,16 @@ class Policy:
         max_new = int(max_new_tokens or self.max_new_tokens)
         tok.padding_side = "left"
         torch.manual_seed(seed)
-        greedy = temperature == 0
         stop = stop_ids(tok, model)
         texts, ents, lens = [], [], []
         model.eval()
         per_chunk = max(1, batch_size // n)
         for i in range(0, len(prompts), per_chunk):
-            chunk = prompts[i:i + per_chunk]
-            enc = self._encode(chunk, None if images is None else images[i:i + per_chunk])
-            with torch.no_grad():
-                out = model.generate(**enc, do_sample=not greedy, temperature=None if greedy else temperature,
-                                     top_k=0 if not greedy else None, top_p=1.0 if not greedy else None,
-                                     max_new_tokens=max_new, num_return_sequences=n, output_scores=True,
-                                     return_dict_in_generate=True, pad_token_id=tok.pad_token_id,
-                                     eos_token_id=stop)
-            gen = out.sequences[:, enc["input_ids"].shape[1]:]                       # (P*n, T)
-            logp = torch.stack(out.scores, 1).float().log_softmax(-1)                # (P*n, T, V)
-            h = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)                  # (P*n, T)
-            is_eos = torch.isin(gen, torch.tensor(stop, device=gen.device))             # (P*n, T)
-            first = torch.where(is_eos.any(1), is_eos.float().argmax(1),
-                                torch.full((gen.shape[0],), gen.shape[1], device=gen.device))
-            mask = torch.arange(gen.shape[1], device=gen.device)[None] <= first[:, None]  # (P*n, T) incl. eos
-            ent = (h * mask).sum(1) / mask.sum(1).clamp(min=1)
-            dec = tok.batch_decode(gen, skip_special_tokens=True)
-            for p in range(len(chunk)):
-                texts.append(dec[p * n:(p + 1) * n])
-                ents.append([float(e) for e in ent[p * n:(p + 1) * n]])
-                lens.append([int(x) for x in mask[p * n:(p + 1) * n].sum(1)])
+            enc = self._encode(prompts[i:i + per_chunk], None if images is None else images[i:i + per_chunk])
+            chunk = sample_encoded(model, tok, enc, n, temperature, max_new, stop)
+            texts += chunk.texts
+            ents += chunk.entropy
+            lens += chunk.n_tokens
         return Samples(texts, ents, lens)
 
     def generate(self, prompts: list[str], n: int = 1, temperature: float = 1.0, max_new_tokens: int | None = None,
@@ -303,6 +290,7 @@ def load_policy(model: str = TINY_NAME, device: str | None = None, dtype=None, t
     return Policy(net, tok, spec, name=str(model), max_new_tokens=int(meta.get("max_new_tokens", 512)),
                   can_think=can_think, processor=processor, thinking=thinking)
 
+# %% ../../nbs/pix/06_policy.ipynb #76162ccc
 def save_policy(policy_or_model, tokenizer, out_dir, prompt_spec: PromptSpec, meta: dict | None = None) -> Path:
     """Save a (merged) model + its tokenizer (a VLM: its processor) + `pixrl.json` so that `load_policy(out_dir)`
     restores the same prompt."""

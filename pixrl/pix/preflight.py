@@ -3,33 +3,35 @@
 # %% ../../nbs/pix/13_preflight.ipynb #2504d9cb
 from __future__ import annotations
 
-import builtins
 import json
-import keyword
-import math
 import random
-import re
 import sys
 import time
 import datetime as _dt
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .. import core as _core
 from . import evaluator as _evaluator
-from . import geometry as _geometry
 from . import prompt as _prompt
 from . import reward as _reward
 from . import tasks as _tasks
+from .preflight_types import Check, _jsonable
+from .whitelist import (
+    SVG_UNDOCUMENTED_PROBES, UNDOCUMENTED_PROBES, accepted_names, check_whitelist, probe_call, probe_svg)
+
+# the gate types (13b_preflight_types) and the whitelist gate (13a_whitelist) are part of this module's public surface
+_all_ = ["UNDOCUMENTED_PROBES", "SVG_UNDOCUMENTED_PROBES", "Check", "probe_call", "accepted_names", "probe_svg",
+         "check_whitelist"]
 
 # %% auto #0
-__all__ = ['CHECK_NAMES', 'UNDOCUMENTED_PROBES', 'SVG_UNDOCUMENTED_PROBES', 'MAX_IDS_REPORTED', 'GT_MIN_REWARD', 'RECT_FLOOR_TOL',
-           'PreflightError', 'Check', 'PreflightReport', 'check_data', 'check_git', 'probe_call', 'accepted_names',
-           'probe_svg', 'check_whitelist', 'token_lengths', 'uses_chat_template', 'policy_prompt_text', 'check_tokens',
-           'control_sample', 'check_positive_control', 'run_preflight', 'cli_main']
+__all__ = ['CHECK_NAMES', 'MAX_IDS_REPORTED', 'GT_MIN_REWARD', 'RECT_FLOOR_TOL', 'PreflightError', 'PreflightReport',
+           'check_data', 'check_git', 'token_lengths', 'uses_chat_template', 'policy_prompt_text', 'check_tokens',
+           'control_sample', 'check_positive_control', 'run_preflight', 'cli_main', 'UNDOCUMENTED_PROBES',
+           'SVG_UNDOCUMENTED_PROBES', 'Check', 'probe_call', 'accepted_names', 'probe_svg', 'check_whitelist']
 
 # %% ../../nbs/pix/13_preflight.ipynb #2d7c2106
 CHECK_NAMES = ("data", "git", "whitelist", "token_audit", "positive_control")
@@ -42,48 +44,56 @@ class PreflightError(ValueError):
         super().__init__(msg)
         self.report = report
 
+# %% ../../nbs/pix/13_preflight.ipynb #181a459f
+class _ReportText:
+    "How a `PreflightReport` reads: a header line, then one row per check (markdown in a notebook, else text)."
 
-@dataclass
-class Check:
-    "One gate's outcome: `ok` True/False, or None when skipped; `detail` is strict-JSON evidence."
-    name: str
-    ok: bool | None
-    detail: dict
-    skipped: bool = False
-    summary: str = ""
+    def _header(self) -> str:
+        n_pass = sum(c.status == "pass" for c in self.checks)
+        verdict = "PASSED" if self.ok else "FAILED"
+        extra = f", {len(self.skipped)} skipped" if self.skipped else ""
+        wall = self.meta.get("wall_s")
+        wall = f" in {wall:.1f} s" if isinstance(wall, (int, float)) else ""
+        return f"Preflight {verdict}: {n_pass}/{len(self.checks)} checks pass{extra}{wall}"
 
-    @property
-    def status(self) -> str:
-        return "skipped" if self.skipped else ("pass" if self.ok else "FAIL")
+    def _repr_markdown_(self) -> str:
+        esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")
+        mark = {"pass": "pass", "FAIL": "**FAIL**", "skipped": "*skipped*"}
+        rows = [f"| `{c.name}` | {mark[c.status]} | {esc(c.summary)} |" for c in self.checks]
+        return "\n".join([f"**{self._header()}**", "", "| check | result | summary |", "|---|---|---|", *rows])
 
-    def __repr__(self) -> str:  # detail can be long: show it via .detail
-        return f"Check({self.name!r}, {self.status}, {self.summary!r})"
+    def __str__(self) -> str:
+        w = max([len(c.name) for c in self.checks] + [5])
+        rows = [f"  {c.name:<{w}}  {c.status:<7}  {c.summary}" for c in self.checks]
+        return "\n".join([self._header(), *rows])
+
+    __repr__ = __str__
+
+# %% ../../nbs/pix/13_preflight.ipynb #058967ab
+class _ReportJson:
+    "How a `PreflightReport` is written: strict JSON (no NaN/inf), as a dict, text, or a file beside a run."
 
     def to_json(self) -> dict:
-        return {"name": self.name, "status": self.status, "ok": self.ok, "skipped": self.skipped,
-                "summary": self.summary, "detail": _jsonable(self.detail)}
+        "The report as a dict of plain JSON types (verified strict: no NaN/inf)."
+        out = {"ok": self.ok, "failed": [c.name for c in self.failed], "skipped": [c.name for c in self.skipped],
+               "checks": [c.to_json() for c in self.checks], "meta": _jsonable(self.meta)}
+        json.dumps(out, allow_nan=False)  # raises if anything non-strict slipped through
+        return out
 
+    def dumps(self, **kw) -> str:
+        "Strict JSON text of `to_json()`."
+        return json.dumps(self.to_json(), allow_nan=False, **kw)
 
-def _jsonable(x):
-    "Plain JSON types: numpy scalars -> python, tuples/sets -> lists, non-finite floats -> None."
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, set, frozenset)):
-        items = sorted(x) if isinstance(x, (set, frozenset)) else x
-        return [_jsonable(v) for v in items]
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        return float(x) if math.isfinite(x) else None
-    if x is None or isinstance(x, str):
-        return x
-    return str(x)
+    def save(self, path) -> Path:
+        "Write the strict JSON report to `path` (e.g. `runs/<name>/preflight.json`); returns the path."
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.dumps(indent=1) + "\n")
+        return path
 
-
-@dataclass
-class PreflightReport:
+# %% ../../nbs/pix/13_preflight.ipynb #65d2e669
+@dataclass(repr=False)  # its repr is the text table of _ReportText, as its str
+class PreflightReport(_ReportText, _ReportJson):
     "All gates of one preflight run, in order. `ok`: no check failed (skipped checks do not count)."
     checks: list
     meta: dict = field(default_factory=dict)
@@ -106,24 +116,6 @@ class PreflightReport:
                 return c
         raise KeyError(f"no check named {name!r} in this report; it has {[c.name for c in self.checks]}")
 
-    def to_json(self) -> dict:
-        "The report as a dict of plain JSON types (verified strict: no NaN/inf)."
-        out = {"ok": self.ok, "failed": [c.name for c in self.failed], "skipped": [c.name for c in self.skipped],
-               "checks": [c.to_json() for c in self.checks], "meta": _jsonable(self.meta)}
-        json.dumps(out, allow_nan=False)  # raises if anything non-strict slipped through
-        return out
-
-    def dumps(self, **kw) -> str:
-        "Strict JSON text of `to_json()`."
-        return json.dumps(self.to_json(), allow_nan=False, **kw)
-
-    def save(self, path) -> Path:
-        "Write the strict JSON report to `path` (e.g. `runs/<name>/preflight.json`); returns the path."
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.dumps(indent=1) + "\n")
-        return path
-
     def raise_if_failed(self, allow_skipped: bool = True) -> "PreflightReport":
         "Raise `PreflightError` naming every failed (and, unless `allow_skipped`, skipped) check; else return self."
         bad = self.failed + ([] if allow_skipped else self.skipped)
@@ -132,27 +124,6 @@ class PreflightReport:
             raise PreflightError(f"preflight failed: {len(bad)} check(s) did not pass "
                                  f"({', '.join(c.name for c in bad)}):\n" + "\n".join(lines), self)
         return self
-
-    def _header(self) -> str:
-        n_pass = sum(c.status == "pass" for c in self.checks)
-        verdict = "PASSED" if self.ok else "FAILED"
-        extra = f", {len(self.skipped)} skipped" if self.skipped else ""
-        wall = self.meta.get("wall_s")
-        wall = f" in {wall:.1f} s" if isinstance(wall, (int, float)) else ""
-        return f"Preflight {verdict}: {n_pass}/{len(self.checks)} checks pass{extra}{wall}"
-
-    def _repr_markdown_(self) -> str:
-        esc = lambda s: str(s).replace("|", "\\|").replace("\n", " ")
-        mark = {"pass": "pass", "FAIL": "**FAIL**", "skipped": "*skipped*"}
-        rows = [f"| `{c.name}` | {mark[c.status]} | {esc(c.summary)} |" for c in self.checks]
-        return "\n".join([f"**{self._header()}**", "", "| check | result | summary |", "|---|---|---|", *rows])
-
-    def __str__(self) -> str:
-        w = max([len(c.name) for c in self.checks] + [5])
-        rows = [f"  {c.name:<{w}}  {c.status:<7}  {c.summary}" for c in self.checks]
-        return "\n".join([self._header(), *rows])
-
-    __repr__ = __str__
 
 # %% ../../nbs/pix/13_preflight.ipynb #2056fe77
 def _safe(fn, name: str):
@@ -202,140 +173,6 @@ def check_git(require_clean: bool = False, root=None) -> Check:
     return Check("git", ok, {"commit": commit, "dirty": dirty, "require_clean": bool(require_clean),
                              "root": str(Path(root) if root else _core.repo_root())}, summary=f"{state} ({need})")
 
-# %% ../../nbs/pix/13_preflight.ipynb #a7ca8ced
-UNDOCUMENTED_PROBES = ("open", "eval", "exec", "getattr", "__import__", "print", "globals", "type", "math",
-                       "np", "os", "square", "rectangle", "line", "polyline", "arc", "union", "translate", "text")
-def probe_call(name: str, params) -> str:
-    "A one-line program calling `name` with valid-looking arguments chosen by parameter name."
-    arg = {"points": "[(1, 1), (3, 1), (3, 3)]", "shape": "circle(2, 2, 1)"}
-    return f"{name}({', '.join(arg.get(p, '2') for p in params)})\n"
-
-
-def accepted_names(representation: str = "py") -> tuple:
-    """`(names, source)`: the registry the evaluator's gate accepts from and where it was read. py: the
-    names a program may reference besides its own (`ALLOWED_NAMES` minus `FORBIDDEN_NAMES`); svg: the
-    element names its SVG parser accepts (`SVG_ELEMENTS`). Read at call time, so a patched set is seen."""
-    if representation == "svg":
-        return frozenset(_evaluator.SVG_ELEMENTS), "evaluator.SVG_ELEMENTS"
-    return frozenset(_evaluator.ALLOWED_NAMES) - frozenset(_evaluator.FORBIDDEN_NAMES), "evaluator.ALLOWED_NAMES"
-
-
-def _gate_sweep_names(documented) -> list:
-    "Every public builtin and math name plus UNDOCUMENTED_PROBES, minus the documented ones (gate-only probes)."
-    names = set(dir(builtins)) | set(dir(math)) | set(UNDOCUMENTED_PROBES)
-    return sorted(n for n in names if n.isidentifier() and not keyword.iskeyword(n)
-                  and (not n.startswith("_") or n in UNDOCUMENTED_PROBES) and n not in documented)
-
-
-SVG_UNDOCUMENTED_PROBES = ("ellipse", "line", "polyline", "text", "image", "script", "use", "foreignObject",
-                           "style", "a", "defs", "symbol", "animate", "set", "iframe")
-
-
-def probe_svg(name: str | None, attrs=()) -> str:
-    "A one-element SVG document on the 20×20 um probe footprint (`name=None`: the empty `<svg>`)."
-    val = {"points": "1,1 5,1 5,5", "d": "M 1 1 L 5 1"}
-    inner = "" if name is None else f"<{name}" + "".join(f' {a}="{val.get(a, "2")}"' for a in attrs) + "/>"
-    return f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 20 20">{inner}</svg>'
-
-
-def _whitelist_probes(rep: str, documented, accepted) -> tuple:
-    """`(calls, probes, sweep)`: the prompt registry's documented calls `{name: (param or attribute, ...)}`, the
-    probes `{name: (source, kind)}` (kind documented / accepted_only / undocumented), the gate-only sweep names."""
-    calls = _prompt.documented_calls(rep)
-    if rep == "svg":
-        probes = {n: (probe_svg(None if n == "svg" else n, calls.get(n, ())), "documented") for n in sorted(documented)}
-        # accepted-only elements are already named by the set difference; their required attributes
-        # are not documented, so no probe could be written for them
-        for n in SVG_UNDOCUMENTED_PROBES:
-            if n not in documented:
-                probes.setdefault(n, (probe_svg(n), "undocumented"))
-        return calls, probes, []
-    probes = {}
-    for n in sorted(documented | accepted):
-        kind = "documented" if n in documented else "accepted_only"
-        probes[n] = (probe_call(n, calls[n]) if n in calls else f"v = {n}\n", kind)
-    for n in UNDOCUMENTED_PROBES:
-        if n not in documented:
-            probes.setdefault(n, (f"{n}(1)\n", "undocumented"))
-    sweep = [n for n in _gate_sweep_names(documented) if n not in probes]
-    return calls, probes, sweep
-
-
-def _probe_task():
-    """A tiny task (20×20 um, the middle half inked) that the probe programs run against. Built with
-    numpy alone, so a broken drawing namespace cannot stop the whitelist check from reporting."""
-    def square(shape):
-        m = np.zeros(shape, bool)
-        m[shape[0] // 4: 3 * shape[0] // 4, shape[1] // 4: 3 * shape[1] // 4] = True
-        return m
-    target = square(_tasks.CAL_SHAPE)
-    return _tasks.Task("preflight-probe", 0, "probe", "probe", (20.0, 20.0), "rect(5, 5, 10, 10)\n", target,
-                       square(_tasks.MODEL_IMAGE_SHAPE), _geometry.mask_sha256(target))
-
-
-def check_whitelist(prompt_spec=None, sample_task=None) -> Check:
-    """Documented names (the prompt's doc registries) ⇔ names the sandbox accepts (the gate's registries), as sets
-    and by probing the real gate and sandbox. `sample_task`: one prompt is built from it (to see the doc is in it)."""
-    spec = prompt_spec or _prompt.PromptSpec()
-    rep = spec.representation
-    if rep not in ("py", "svg"):
-        return Check("whitelist", None, {"representation": rep, "reason": "no whitelist defined for this representation"},
-                     skipped=True, summary=f"representation {rep!r} has no whitelist to cross-check")
-    doc = _prompt.api_doc(rep)
-    documented = frozenset(_prompt.documented_names(rep))
-    accepted, accepted_source = accepted_names(rep)
-    calls, probes, sweep = _whitelist_probes(rep, documented, accepted)
-    words = set(re.findall(r"[A-Za-z_]\w*", doc))
-    not_in_text = sorted(n for n in documented if n not in words)  # the rendered doc lost a registry name
-    prompt_shows_doc = None
-    if spec.api_doc and sample_task is not None:
-        prompt_shows_doc = doc in _prompt.build_prompt(sample_task, replace(spec, vision=False))
-
-    gate = {n: _evaluator.check_source(src, rep) for n, (src, _) in probes.items()}
-    # the sweep is gate only: pure AST, microseconds per name
-    sweep_accepted = sorted(n for n in sweep if _evaluator.check_source(f"{n}(1)\n", rep) is None)
-    task = _probe_task()
-    names = list(probes)
-    results = _evaluator.evaluate_many([(task, probes[n][0], rep) for n in names])
-    status = {n: _evaluator.Status(r.status).value for n, r in zip(names, results)}
-    reason = {n: r.reason for n, r in zip(names, results)}
-    runs = lambda n: status[n] in ("OK", "EMPTY")
-
-    doc_rejected = {n: gate[n] for n in names if probes[n][1] == "documented" and gate[n] is not None}
-    doc_not_running = {n: f"{status[n]}: {reason[n]}" for n in names
-                       if probes[n][1] == "documented" and gate[n] is None and not runs(n)}
-    acc_rejected = {n: gate[n] for n in names if probes[n][1] == "accepted_only" and gate[n] is not None}
-    undoc_accepted = sorted({n for n in names if probes[n][1] == "undocumented" and gate[n] is None} | set(sweep_accepted))
-    undoc_ran = sorted(n for n in names if probes[n][1] == "undocumented" and runs(n))
-    detail = {
-        "representation": rep, "documented": sorted(documented), "accepted": sorted(accepted),
-        "accepted_source": accepted_source, "n_gate_sweep": len(sweep),
-        "documented_not_accepted": sorted(documented - accepted), "accepted_not_documented": sorted(accepted - documented),
-        "documented_not_in_doc_text": not_in_text, "prompt_shows_doc": prompt_shows_doc, "prompt_api_doc": spec.api_doc,
-        "documented_rejected_by_gate": doc_rejected, "documented_not_running": doc_not_running,
-        "accepted_rejected_by_gate": acc_rejected, "undocumented_accepted_by_gate": undoc_accepted,
-        "undocumented_ran": undoc_ran, "probes": {n: {"program": p, "kind": k, "gate": gate[n], "status": status[n]}
-                                                  for n, (p, k) in probes.items()},
-    }
-    problems = {k: detail[k] for k in ("documented_not_accepted", "accepted_not_documented", "documented_not_in_doc_text",
-                                       "documented_rejected_by_gate", "documented_not_running",
-                                       "accepted_rejected_by_gate", "undocumented_accepted_by_gate", "undocumented_ran")
-                if detail[k]}
-    if prompt_shows_doc is False:
-        problems["prompt_shows_doc"] = "spec.api_doc is on but the API doc is not in the built prompt"
-    n_doc = len(documented)
-    if problems:
-        summary = "; ".join(f"{k}: {sorted(v) if isinstance(v, dict) else v}" for k, v in problems.items())
-    else:
-        n_undoc = sum(k == "undocumented" for _, k in probes.values()) + len(sweep)
-        what = "elements" if rep == "svg" else "names"
-        n_calls = "" if rep == "svg" else f" ({len(calls)} of them drawing calls)"
-        summary = (f"{rep}: {n_doc} documented = {len(accepted)} accepted {what}, each passes the gate and runs in the "
-                   f"sandbox{n_calls}; {n_undoc} undocumented {what} rejected by the gate")
-        if not spec.api_doc:
-            summary += " (this spec omits the doc from the prompt)"
-    return Check("whitelist", not problems, detail, summary=summary)
-
 # %% ../../nbs/pix/13_preflight.ipynb #a2dea825
 MAX_IDS_REPORTED = 50
 
@@ -360,7 +197,7 @@ def token_lengths(tokenizer, texts) -> list:
     raise ValueError(f"tokenizer={tokenizer!r:.80}: expected a Hugging Face tokenizer/processor, a tokenizers.Tokenizer, "
                      "an object with .encode(text), or a callable text -> tokens")
 
-
+# %% ../../nbs/pix/13_preflight.ipynb #d03c7f29
 def _budget(tokenizer, max_prompt_tokens):
     if max_prompt_tokens is not None:
         return int(max_prompt_tokens), "max_prompt_tokens"
@@ -382,6 +219,30 @@ def policy_prompt_text(task, tokenizer, spec) -> str:
     return _prompt.feed_text(_prompt.prompt_text(task, spec), tokenizer, spec.vision)
 
 
+def _prompt_maker(tokenizer, spec, prompt_fn) -> tuple:
+    "`(make, how)`: the function `task -> prompt text` the audit measures, and how it makes the text."
+    if prompt_fn is not None:
+        return prompt_fn, f"prompt_fn ({getattr(prompt_fn, '__qualname__', type(prompt_fn).__name__)})"
+    make = lambda t: policy_prompt_text(t, tokenizer, spec)
+    how = "build_prompt + chat template" if uses_chat_template(tokenizer) else "build_prompt (no chat template)"
+    return make, how
+
+# %% ../../nbs/pix/13_preflight.ipynb #8396c5a2
+def _length_stats(lengths, ids: list, split_of: list, splits, budget: int) -> dict:
+    "Token-length statistics of the audited prompts (`lengths`, with their task `ids` and splits), against `budget`."
+    over = np.flatnonzero(lengths > budget)
+    per_split = {}
+    for split in splits:
+        m = np.asarray(split_of) == split
+        if m.any():
+            per_split[split] = {"n": int(m.sum()), "max": int(lengths[m].max()), "n_over": int((lengths[m] > budget).sum())}
+    worst = sorted(over, key=lambda k: (-lengths[k], ids[k]))
+    return {"max": int(lengths.max()), "p99": int(np.percentile(lengths, 99, method="higher")),
+            "mean": float(lengths.mean()), "longest_id": ids[int(np.argmax(lengths))], "per_split": per_split,
+            "n_over": len(over), "over_budget_ids": [ids[k] for k in worst[:MAX_IDS_REPORTED]],
+            "over_budget_lengths": [int(lengths[k]) for k in worst[:MAX_IDS_REPORTED]]}
+
+# %% ../../nbs/pix/13_preflight.ipynb #ceaa0b3c
 def check_tokens(tasks_by_split: dict, tokenizer=None, prompt_spec=None, max_prompt_tokens=None,
                  prompt_fn=None) -> Check:
     """Every prompt of `tasks_by_split` fits the budget under `tokenizer` (skipped when tokenizer is None).
@@ -395,11 +256,7 @@ def check_tokens(tasks_by_split: dict, tokenizer=None, prompt_spec=None, max_pro
     if budget is None:
         return Check("token_audit", False, {**base, "error": "no token budget"},
                      summary="no token budget: pass max_prompt_tokens (the tokenizer has no model_max_length)")
-    if prompt_fn is not None:
-        make, how = prompt_fn, f"prompt_fn ({getattr(prompt_fn, '__qualname__', type(prompt_fn).__name__)})"
-    else:
-        make = lambda t: policy_prompt_text(t, tokenizer, spec)
-        how = "build_prompt + chat template" if uses_chat_template(tokenizer) else "build_prompt (no chat template)"
+    make, how = _prompt_maker(tokenizer, spec, prompt_fn)
     ids, texts, split_of = [], [], []
     for split, ts in tasks_by_split.items():
         for t in ts:
@@ -409,28 +266,19 @@ def check_tokens(tasks_by_split: dict, tokenizer=None, prompt_spec=None, max_pro
     if not texts:
         return Check("token_audit", False, {**base, "error": "no prompts to audit"}, summary="no prompts to audit")
     lengths = np.asarray(token_lengths(tokenizer, texts))
-    over = np.flatnonzero(lengths > budget)
-    per_split = {}
-    for split in tasks_by_split:
-        m = np.asarray(split_of) == split
-        if m.any():
-            per_split[split] = {"n": int(m.sum()), "max": int(lengths[m].max()), "n_over": int((lengths[m] > budget).sum())}
-    worst = sorted(over, key=lambda k: (-lengths[k], ids[k]))
     detail = {**base, "budget": budget, "budget_source": source, "n_prompts": len(texts),
-              "max": int(lengths.max()), "p99": int(np.percentile(lengths, 99, method="higher")),
-              "mean": float(lengths.mean()), "longest_id": ids[int(np.argmax(lengths))], "per_split": per_split,
-              "n_over": len(over), "over_budget_ids": [ids[k] for k in worst[:MAX_IDS_REPORTED]],
-              "over_budget_lengths": [int(lengths[k]) for k in worst[:MAX_IDS_REPORTED]],
+              **_length_stats(lengths, ids, split_of, tasks_by_split, budget),
               "prompt_text": how, "note": "counted with tokenizer(text), special tokens included (an upper bound)"
                                             + ("; image tokens not counted" if spec.vision else "")}
     head = (f"max {detail['max']}, p99 {detail['p99']} tokens over {len(texts)} prompts vs budget {budget} ({source}; "
             f"{how})")
-    if len(over):
-        shown = ", ".join(detail["over_budget_ids"][:5]) + (" …" if len(over) > 5 else "")
-        summary = f"{len(over)} prompt(s) over budget ({shown}); {head}"
+    n_over = detail["n_over"]
+    if n_over:
+        shown = ", ".join(detail["over_budget_ids"][:5]) + (" …" if n_over > 5 else "")
+        summary = f"{n_over} prompt(s) over budget ({shown}); {head}"
     else:
         summary = head
-    return Check("token_audit", not len(over), detail, summary=summary)
+    return Check("token_audit", not n_over, detail, summary=summary)
 
 # %% ../../nbs/pix/13_preflight.ipynb #8cbab3a7
 GT_MIN_REWARD = 0.99
@@ -455,7 +303,7 @@ def control_sample(tasks, n: int = 40, seed: int = 0) -> list:
         out += sorted(rng.sample(by_level[l], quota[l]), key=lambda t: t.id)
     return out
 
-
+# %% ../../nbs/pix/13_preflight.ipynb #a00910b9
 def check_positive_control(tasks, n: int = 40, seed: int = 0) -> Check:
     """GT programs score >= GT_MIN_REWARD and the rectangle scores the floor (non-degenerate targets) under every shaped
     policy (`SHAPED_POLICIES`; the worst is reported)."""

@@ -21,7 +21,7 @@ def probe_tasks(per_level: int | None = None, split: str = "validation") -> list
     """The fixed probe: the first `per_level` sorted ids of each level of `split`; None: `CampaignConfig.probe_per_level`
     (the single source of the default: 16, 80 tasks)."""
     if per_level is None:
-        from pixrl.pix.campaign import CampaignConfig     # read at call time (09_campaign)
+        from pixrl.pix.campaign import CampaignConfig     # read at call time (09c_campaign_config)
         per_level = CampaignConfig.probe_per_level
     by_level = {L: sorted((t for t in load_split(split) if t.level == L), key=lambda t: t.id) for L in LEVELS}
     short = {L: len(v) for L, v in by_level.items() if len(v) < per_level}
@@ -55,7 +55,7 @@ def run_probe(policy, tasks: list | None = None, k: int | None = None, temperatu
     column is the reward policy `reward` (a campaign's own), `iou_n` is the same under every policy. `k` samples per
     task; None: `CampaignConfig.probe_k` (the single source of the default)."""
     if k is None:
-        from pixrl.pix.campaign import CampaignConfig     # read at call time (09_campaign)
+        from pixrl.pix.campaign import CampaignConfig     # read at call time (09c_campaign_config)
         k = CampaignConfig.probe_k
     if reward not in REWARD_POLICIES:
         raise ValueError(f"unknown reward policy {reward!r}; accepted: {REWARD_POLICIES}")

@@ -23,6 +23,20 @@ RASTER_RULES = ("any", "majority")
 RASTER_FORMATS = ("grid", "runs")  # one character per cell; ink runs per band of equal rows
 
 
+def _check_spec(spec) -> None:
+    "Raise ValueError naming the first field of `spec` (a `PromptSpec`) that is outside what it accepts."
+    if spec.representation not in REPRESENTATIONS:
+        raise ValueError(f"PromptSpec.representation={spec.representation!r}; accepted: {REPRESENTATIONS}")
+    if not isinstance(spec.raster, int) or isinstance(spec.raster, bool) or spec.raster < 1 or 64 % spec.raster:
+        raise ValueError(f"PromptSpec.raster={spec.raster!r}; accepted: a divisor of 64 (1, 2, 4, 8, 16, 32, 64)")
+    if spec.raster_rule not in RASTER_RULES:
+        raise ValueError(f"PromptSpec.raster_rule={spec.raster_rule!r}; accepted: {RASTER_RULES}")
+    if not isinstance(spec.image_size, int) or spec.image_size < 64 or spec.image_size % 64:
+        raise ValueError(f"PromptSpec.image_size={spec.image_size!r}; accepted: a multiple of 64")
+    if spec.raster_format not in RASTER_FORMATS:
+        raise ValueError(f"PromptSpec.raster_format={spec.raster_format!r}; accepted: {RASTER_FORMATS}")
+
+# %% ../../nbs/pix/02_prompt.ipynb #44ba75c8
 @dataclass(frozen=True)
 class PromptSpec:
     """How to show a task to a policy.
@@ -48,16 +62,7 @@ class PromptSpec:
     raster_format: str = "grid"
 
     def __post_init__(self):
-        if self.representation not in REPRESENTATIONS:
-            raise ValueError(f"PromptSpec.representation={self.representation!r}; accepted: {REPRESENTATIONS}")
-        if not isinstance(self.raster, int) or isinstance(self.raster, bool) or self.raster < 1 or 64 % self.raster:
-            raise ValueError(f"PromptSpec.raster={self.raster!r}; accepted: a divisor of 64 (1, 2, 4, 8, 16, 32, 64)")
-        if self.raster_rule not in RASTER_RULES:
-            raise ValueError(f"PromptSpec.raster_rule={self.raster_rule!r}; accepted: {RASTER_RULES}")
-        if not isinstance(self.image_size, int) or self.image_size < 64 or self.image_size % 64:
-            raise ValueError(f"PromptSpec.image_size={self.image_size!r}; accepted: a multiple of 64")
-        if self.raster_format not in RASTER_FORMATS:
-            raise ValueError(f"PromptSpec.raster_format={self.raster_format!r}; accepted: {RASTER_FORMATS}")
+        _check_spec(self)
 
 # %% ../../nbs/pix/02_prompt.ipynb #00d33275
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ SVG_CONTAINERS = ("svg", "g")  # documented by the header and footer lines, not 
 _DOC_HEAD = {"py": "API (units um, origin lower-left, y up; shapes add material, cut removes it):",
              "svg": 'SVG (units um; <svg viewBox="0 0 W H"> is the footprint; y grows DOWN from the top edge):'}
 
-
+# %% ../../nbs/pix/02_prompt.ipynb #2d3eb5b0
 def _doc_registry(representation: str) -> dict:
     "The registry `api_doc(representation)` renders one line per entry from."
     if representation not in REPRESENTATIONS:
@@ -109,7 +114,7 @@ def api_doc(representation: str = "py") -> str:
 
 SVG_DOC = api_doc("svg")  # rendered once at import; api_doc("svg") re-renders from SVG_REGISTRY
 
-
+# %% ../../nbs/pix/02_prompt.ipynb #7eb4fb46
 def documented_names(representation: str = "py") -> frozenset[str]:
     """The names `api_doc` documents, read from the registries it renders: the drawing calls plus the
     'Also allowed' names (svg: the shape elements plus `<svg>` and `<g>`)."""
@@ -167,33 +172,36 @@ def raster(image: np.ndarray, n: int = 16, rule: str = "any") -> list[str]:
     return ["".join("#" if v else "." for v in row) for row in ink]
 
 # %% ../../nbs/pix/02_prompt.ipynb #c2d4e6f8
+def _ink_runs(row: str, n: int) -> tuple:
+    "The runs of '#' in a raster row of `n` characters, left to right: `((x, width), ...)`."
+    out, x = [], 0
+    while x < n:
+        if row[x] == "#":
+            start = x
+            while x < n and row[x] == "#":
+                x += 1
+            out.append((start, x - start))
+        else:
+            x += 1
+    return tuple(out)
+
+
 def ink_bands(image: np.ndarray, n: int = 32, rule: str = "any") -> list[tuple[int, int, tuple]]:
     """The `n × n` raster of `image` as bands of identical rows, top band first:
     `[(y, height, ((x, width), ...)), ...]` in cells from the bottom-left corner; empty bands are left out."""
     rows = raster(image, n, rule)
-    def runs(row: str) -> tuple:
-        out, x = [], 0
-        while x < n:
-            if row[x] == "#":
-                start = x
-                while x < n and row[x] == "#":
-                    x += 1
-                out.append((start, x - start))
-            else:
-                x += 1
-        return tuple(out)
     bands, top = [], 0
     while top < n:
-        band = runs(rows[top])
+        band = _ink_runs(rows[top], n)
         end = top
-        while end < n and runs(rows[end]) == band:
+        while end < n and _ink_runs(rows[end], n) == band:
             end += 1
         if band:
             bands.append((n - end, end - top, band))   # bottom row counted from the bottom; height in rows
         top = end
     return bands
 
-
+# %% ../../nbs/pix/02_prompt.ipynb #ce35d22e
 def bands_to_raster(bands: list, n: int) -> list[str]:
     "The `#`/`.` grid (rows top to bottom) that `ink_bands` was read from: its exact inverse."
     grid = [["."] * n for _ in range(n)]
@@ -224,7 +232,7 @@ def format_answer(program: str, representation: str = "py") -> str:
         raise ValueError(f"format_answer: representation {representation!r}; accepted: 'py'")
     return "```python\n" + program.rstrip("\n") + "\n```"
 
-
+# %% ../../nbs/pix/02_prompt.ipynb #07fa03c8
 def _body(task, spec: PromptSpec) -> list[str]:
     W, H = task.footprint_um
     lines = ["Write a program that redraws this layout."]
@@ -249,7 +257,7 @@ def _body(task, spec: PromptSpec) -> list[str]:
     lines.append(ANSWER_FORMAT[spec.representation])
     return lines
 
-
+# %% ../../nbs/pix/02_prompt.ipynb #3ec08480
 def prompt_text(task, spec: PromptSpec = PromptSpec()) -> str:
     """The prompt's text. Text policy: the whole prompt, raster included. VLM (`spec.vision`): the same
     text with the raster replaced by one "Image (attached)" line; the image travels beside it."""
@@ -262,7 +270,7 @@ def build_prompt(task, spec: PromptSpec = PromptSpec()) -> str:
         raise ValueError("build_prompt: spec.vision=True needs an attached image; use build_messages(task, spec)")
     return prompt_text(task, spec)
 
-
+# %% ../../nbs/pix/02_prompt.ipynb #9ca07c61
 def model_image_pil(task, size: int = 256):
     "The model image as a PIL 'L' image (black ink on white), nearest-neighbour upscaled to `size`."
     from PIL import Image
@@ -275,7 +283,7 @@ def prompt_image(task, spec: PromptSpec = PromptSpec()):
     "The image attached to a VLM's prompt (`spec.vision`), else None."
     return model_image_pil(task, spec.image_size) if spec.vision else None
 
-
+# %% ../../nbs/pix/02_prompt.ipynb #c6449eda
 def user_turn(text: str, image=None) -> list[dict]:
     """One user message. With `image` (a PIL image, or True for a bare placeholder) the content is
     `[{"type": "image", ...}, {"type": "text", "text": text}]`: image first, where TRL's
@@ -290,7 +298,7 @@ def build_messages(task, spec: PromptSpec = PromptSpec()) -> list[dict]:
     "Chat form of the prompt: one user turn, with the image attached when `spec.vision`."
     return user_turn(prompt_text(task, spec), prompt_image(task, spec))
 
-
+# %% ../../nbs/pix/02_prompt.ipynb #965082f3
 def thinking_kwargs(template_owner, thinking: bool | None) -> dict:
     """`{"enable_thinking": thinking}` for a chat template that reads that switch (Qwen3-style), else {} — a template
     without it has one mode only, and a processor would take the unknown key for itself."""

@@ -65,12 +65,12 @@ def _classify_exit(w: _Worker, st: int, cpu: float) -> tuple:
         return INFRA_FAULT, "sandbox setup failed in the worker"
     return RUNTIME_ERROR, f"worker exited with code {code} without a result"
 
-# %% ../../nbs/pix/03d_sandbox.ipynb #3d000009
-class _ServerLoop:
-    """The fork server: its state and its event loop (in the server process; `forkserver_main` runs it).
-    One `selectors` loop multiplexes the parent's stdin and stdout, every worker's result pipe and
-    every worker's pidfd. `queue` holds `(job_id, job, solo)` not yet started (`solo`: re-run alone in
-    a fresh worker); `running` maps pid -> `_Worker`."""
+# %% ../../nbs/pix/03d_sandbox.ipynb #d07bb8be
+class _ServerState:
+    """The fork server's state (in the server process; `forkserver_main` runs the loop). `queue` holds
+    `(job_id, job, solo)` not yet started (`solo`: re-run alone in a fresh worker); `running` maps
+    pid -> `_Worker`; `sel` multiplexes the parent's stdin and stdout, every worker's result pipe and
+    every worker's pidfd."""
     in_fd, out_fd = 0, 1                          # the parent's pipes (fd 1 is the response channel)
 
     def __init__(self):
@@ -97,11 +97,26 @@ class _ServerLoop:
         self.window_rss = []                  # each reaped worker's peak RSS (kB) since the last stats reply
         self.cfg = {"workers": 1, "batch": 32}
 
+# %% ../../nbs/pix/03d_sandbox.ipynb #11d0d1a3
+class _Answers:
+    "What goes back to the parent (a part of `_ServerLoop`)."
     def send(self, obj):
         self.outbuf.extend(_frame(obj))
         if not self.writing:
             self.sel.register(self.out_fd, selectors.EVENT_WRITE, ("out", None))
             self.writing = True
+
+    def write_parent(self):
+        try:
+            n = os.write(self.out_fd, self.outbuf)
+            del self.outbuf[:n]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.shutdown()
+        if not self.outbuf:
+            self.sel.unregister(self.out_fd)
+            self.writing = False
 
     def respond(self, job_id, status, n=0, reason="", bits=None, elapsed=0.0):
         status = Status(status)
@@ -114,6 +129,20 @@ class _ServerLoop:
             self.stats["infra"] += 1
             self.respond(jid, INFRA_FAULT, reason=reason)
 
+# %% ../../nbs/pix/03d_sandbox.ipynb #995747a8
+def _new_worker(pid: int, rfd: int, batch: list) -> _Worker:
+    "The bookkeeping of a worker just forked for `batch` (result pipe `rfd`), running its first job; no pidfd yet."
+    w = _Worker()
+    w.pid, w.rfd, w.buf, w.jobs, w.idx, w.killed = pid, rfd, bytearray(), batch, 0, None
+    w.t0 = time.monotonic()
+    w.deadline = w.t0 + batch[0][1]["limits"].timeout_s
+    w.cap = batch[0][1]["limits"].max_output_bytes
+    w.pidfd = None
+    return w
+
+# %% ../../nbs/pix/03d_sandbox.ipynb #197c93e2
+class _Starting:
+    "Forking a worker for a batch of queued jobs (a part of `_ServerLoop`)."
     def take_batch(self) -> list:
         "A solo (retried) job alone, else up to `batch` jobs, spread over the free worker slots."
         if self.queue[0][2]:
@@ -141,14 +170,9 @@ class _ServerLoop:
             child_main([job for _, job, _ in batch], wfd, self.workdir)
         os.close(wfd)
         self.stats["forked"] += 1
-        w = _Worker()
-        w.pid, w.rfd, w.buf, w.jobs, w.idx, w.killed = pid, rfd, bytearray(), batch, 0, None
-        w.t0 = time.monotonic()
-        w.deadline = w.t0 + batch[0][1]["limits"].timeout_s
-        w.cap = batch[0][1]["limits"].max_output_bytes
+        w = _new_worker(pid, rfd, batch)
         os.set_blocking(rfd, False)
         self.sel.register(rfd, selectors.EVENT_READ, ("pipe", w))
-        w.pidfd = None
         if self.has_pidfd:
             try:
                 w.pidfd = os.pidfd_open(pid)
@@ -157,6 +181,9 @@ class _ServerLoop:
                 w.pidfd = None
         self.running[pid] = w
 
+# %% ../../nbs/pix/03d_sandbox.ipynb #58606806
+class _Results:
+    "A worker's results, one job at a time, and killing a worker (a part of `_ServerLoop`)."
     def kill(self, w: _Worker, why: str):
         if w.killed is None:
             w.killed = why
@@ -185,6 +212,29 @@ class _ServerLoop:
         os.close(w.rfd)
         w.rfd = None
 
+# %% ../../nbs/pix/03d_sandbox.ipynb #64c02798
+class _Pipes:
+    "Reading a worker's result pipe (a part of `_ServerLoop`)."
+    def take_records(self, w: _Worker):
+        "Complete a job per whole record in the worker's buffer; kill it on a malformed or oversized one."
+        while w.idx < len(w.jobs):
+            try:
+                size = record_size(w.buf)
+            except ValueError as e:
+                self.kill(w, f"malformed worker record: {e}")
+                return
+            if size is None or len(w.buf) < size:
+                if len(w.buf) > w.cap or (size is not None and size > w.cap):
+                    self.kill(w, "output")
+                return
+            try:
+                st, n, reason, mask = split_record(w.buf[:size], w.jobs[w.idx][1]["shape"])
+            except ValueError as e:
+                self.kill(w, f"malformed worker record: {e}")
+                return
+            del w.buf[:size]
+            self.complete(w, st, n, reason, mask)
+
     def read_pipe(self, w: _Worker):
         "Read what the worker wrote; complete a job per whole record; kill it on a malformed or oversized one."
         while w.rfd is not None and w.killed is None:
@@ -195,26 +245,13 @@ class _ServerLoop:
             if not chunk:
                 return self.close_pipe(w)
             w.buf.extend(chunk)
-            while w.idx < len(w.jobs):
-                try:
-                    size = record_size(w.buf)
-                except ValueError as e:
-                    self.kill(w, f"malformed worker record: {e}")
-                    break
-                if size is None or len(w.buf) < size:
-                    if len(w.buf) > w.cap or (size is not None and size > w.cap):
-                        self.kill(w, "output")
-                    break
-                try:
-                    st, n, reason, mask = split_record(w.buf[:size], w.jobs[w.idx][1]["shape"])
-                except ValueError as e:
-                    self.kill(w, f"malformed worker record: {e}")
-                    break
-                del w.buf[:size]
-                self.complete(w, st, n, reason, mask)
+            self.take_records(w)
             if w.idx >= len(w.jobs) and w.buf:
                 self.kill(w, "output")
 
+# %% ../../nbs/pix/03d_sandbox.ipynb #bbbaff41
+class _Reaping:
+    "A worker's end, and the server's (a part of `_ServerLoop`)."
     def finish(self, w: _Worker, block=True):
         "Reap the worker (if it ended): read what is left, blame the job it was running, re-queue the rest."
         try:
@@ -256,6 +293,20 @@ class _ServerLoop:
             pass
         os._exit(0)
 
+# %% ../../nbs/pix/03d_sandbox.ipynb #3834c085
+class _ParentReader:
+    "The parent's messages (a part of `_ServerLoop`)."
+    def stats_reply(self) -> dict:
+        "The counters, with the workers reaped since the previous reply as a window (this call starts the next one)."
+        ru = resource.getrusage(resource.RUSAGE_SELF)   # (ru_maxrss survives exec: use VmHWM)
+        window = sorted(self.window_rss)
+        self.window_rss = []
+        return {**self.stats, "running": len(self.running), "queued": len(self.queue),
+                "server_cpu_s": ru.ru_utime + ru.ru_stime, "server_hwm_kb": vm_hwm_kb(),
+                "window_workers": len(window),
+                "window_maxrss_kb": window[-1] if window else 0,
+                "window_median_rss_kb": window[len(window) // 2] if window else 0}
+
     def read_parent(self):
         "Queue the parent's jobs; answer config / stats / ping / shutdown messages."
         try:
@@ -271,31 +322,17 @@ class _ServerLoop:
             elif msg[0] == "config":
                 self.cfg.update(msg[1])
             elif msg[0] == "stats":
-                ru = resource.getrusage(resource.RUSAGE_SELF)   # (ru_maxrss survives exec: use VmHWM)
-                window = sorted(self.window_rss)
-                self.window_rss = []
-                self.send(("stats", {**self.stats, "running": len(self.running), "queued": len(self.queue),
-                                     "server_cpu_s": ru.ru_utime + ru.ru_stime, "server_hwm_kb": vm_hwm_kb(),
-                                     "window_workers": len(window),
-                                     "window_maxrss_kb": window[-1] if window else 0,
-                                     "window_median_rss_kb": window[len(window) // 2] if window else 0}))
+                self.send(("stats", self.stats_reply()))
             elif msg[0] == "ping":
                 self.send(("pong", msg[1]))
             elif msg[0] == "shutdown":
                 self.shutdown()
 
-    def write_parent(self):
-        try:
-            n = os.write(self.out_fd, self.outbuf)
-            del self.outbuf[:n]
-        except BlockingIOError:
-            pass
-        except OSError:
-            self.shutdown()
-        if not self.outbuf:
-            self.sel.unregister(self.out_fd)
-            self.writing = False
-
+# %% ../../nbs/pix/03d_sandbox.ipynb #7f11225d
+class _ServerLoop(_ParentReader, _Reaping, _Pipes, _Results, _Starting, _Answers, _ServerState):
+    """The fork server: its state and its event loop (in the server process; `forkserver_main` runs it).
+    One `selectors` loop multiplexes the parent's stdin and stdout, every worker's result pipe and
+    every worker's pidfd (the parts: see the cells above)."""
     def select_timeout(self) -> float | None:
         "Wait until the next deadline (None: no worker runs); poll every 2 ms for workers without a pidfd."
         if not self.running:
@@ -338,97 +375,32 @@ def forkserver_main():
 # %% ../../nbs/pix/03d_sandbox.ipynb #d8af6eb7
 _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "HOME", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "SYSTEMROOT")
 
-class _ForkServer:
-    "Parent-side handle of one fork server process (one per parent pid and isolation mode)."
-    def __init__(self, isolation: bool, start_timeout: float = 120.0):
-        self.isolation, self.owner_pid, self.dead = isolation, os.getpid(), False
-        # a scrubbed environment: workers never see the trainer's tokens / credentials
-        env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP or k.startswith("PIXRL_")}
-        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   PIXRL_REQUIRE_ISOLATION="1" if isolation else "0", PYTHONDONTWRITEBYTECODE="1")
-        pkg_root = str(Path(geometry.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from pixrl.pix.sandbox import forkserver_main; forkserver_main()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, start_new_session=True, env=env)
-        self.rfd, self.wfd = self.proc.stdout.fileno(), self.proc.stdin.fileno()
-        os.set_blocking(self.rfd, False)
-        os.set_blocking(self.wfd, False)
-        self.inbuf = bytearray()
-        msgs = self._exchange(b"", lambda m: m[0] == "ready", start_timeout)
-        if not msgs:
-            self.close()
-            raise EvaluatorInfraError("the evaluator fork server did not start")
-        self.info = msgs[-1][1]
-        if isolation and not self.info["isolation_ok"]:
-            self.close()
-            raise IsolationUnavailable("PIXRL_REQUIRE_ISOLATION=1 but network/mount isolation is unavailable here: "
-                                       f"{self.info['isolation_reason']}; unset it to use the rlimit tier")
+def _server_env(isolation: bool) -> dict:
+    "The fork server's scrubbed environment: workers never see the trainer's tokens / credentials."
+    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP or k.startswith("PIXRL_")}
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PIXRL_REQUIRE_ISOLATION="1" if isolation else "0", PYTHONDONTWRITEBYTECODE="1")
+    pkg_root = str(Path(geometry.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
 
-    def _exchange(self, out: bytes, done, idle_timeout: float) -> list:
-        "Write `out`, read messages until `done(msg)` is true for one; [] + dead on EOF/idle timeout."
-        out = bytearray(out)
-        got = []
-        sel = selectors.DefaultSelector()
-        sel.register(self.rfd, selectors.EVENT_READ, "r")
-        if out:
-            sel.register(self.wfd, selectors.EVENT_WRITE, "w")
-        last = time.monotonic()
-        finished = False
-        try:
-            while not finished:
-                events = sel.select(1.0)
-                if not events and time.monotonic() - last > idle_timeout:
-                    self.kill()
-                    return got
-                for key, _ in events:
-                    if key.data == "w":
-                        try:
-                            n = os.write(self.wfd, out)
-                            del out[:n]
-                        except BlockingIOError:
-                            continue
-                        except (BrokenPipeError, OSError):
-                            self.dead = True
-                            return got
-                        if not out:
-                            sel.unregister(self.wfd)
-                    else:
-                        try:
-                            chunk = os.read(self.rfd, 1 << 20)
-                        except BlockingIOError:
-                            continue
-                        if not chunk:
-                            self.dead = True
-                            self.kill()
-                            return got
-                        last = time.monotonic()
-                        self.inbuf.extend(chunk)
-                        for m in _take_frames(self.inbuf):
-                            got.append(m)
-                            if done(m):
-                                finished = True
-            return got
-        finally:
-            sel.close()
+# %% ../../nbs/pix/03d_sandbox.ipynb #56b3c04f
+def _write_some(fd: int, out: bytearray, sel) -> bool:
+    "Write what pipe `fd` takes of `out` now (removed from `out`; `fd` unwatched in `sel` once all is written); False: broken."
+    try:
+        n = os.write(fd, out)
+        del out[:n]
+    except BlockingIOError:
+        return True
+    except (BrokenPipeError, OSError):
+        return False
+    if not out:
+        sel.unregister(fd)
+    return True
 
-    def run(self, jobs: dict, workers: int, batch: int, idle_timeout: float) -> dict:
-        "jobs: {job_id: job}. Returns {job_id: (status, n, reason, bits, elapsed)}; missing ids = infra fault."
-        out = bytearray(_frame(("config", {"workers": workers, "batch": batch})))
-        for jid, job in jobs.items():
-            out.extend(_frame(("job", jid, job)))
-        pending = set(jobs)
-        def done(m):
-            if m[0] == "result":
-                pending.discard(m[1])
-            return not pending
-        msgs = self._exchange(bytes(out), done, idle_timeout) if jobs else []
-        return {m[1]: tuple(m[2:]) for m in msgs if m[0] == "result"}
-
-    def request(self, kind, timeout=30.0):
-        msgs = self._exchange(_frame((kind, None)), lambda m: m[0] != "result", timeout)
-        return msgs[-1][1] if msgs else None
-
+# %% ../../nbs/pix/03d_sandbox.ipynb #d11fc7a6
+class _ServerProcess:
+    "The parent's end of a fork server process `proc` (a base of `_ForkServer`)."
     def kill(self):
         self.dead = True
         try:
@@ -456,6 +428,89 @@ class _ForkServer:
             except OSError:
                 pass
         self.dead = True
+
+# %% ../../nbs/pix/03d_sandbox.ipynb #1326b08e
+class _ServerChannel(_ServerProcess):
+    "Messages to and from a fork server over its stdin / stdout (a base of `_ForkServer`)."
+    def _exchange(self, out: bytes, done, idle_timeout: float) -> list:
+        "Write `out`, read messages until `done(msg)` is true for one; [] + dead on EOF/idle timeout."
+        out = bytearray(out)
+        got = []
+        sel = selectors.DefaultSelector()
+        sel.register(self.rfd, selectors.EVENT_READ, "r")
+        if out:
+            sel.register(self.wfd, selectors.EVENT_WRITE, "w")
+        last = time.monotonic()
+        finished = False
+        try:
+            while not finished:
+                events = sel.select(1.0)
+                if not events and time.monotonic() - last > idle_timeout:
+                    self.kill()
+                    return got
+                for key, _ in events:
+                    if key.data == "w":
+                        if not _write_some(self.wfd, out, sel):
+                            self.dead = True
+                            return got
+                    else:
+                        try:
+                            chunk = os.read(self.rfd, 1 << 20)
+                        except BlockingIOError:
+                            continue
+                        if not chunk:
+                            self.dead = True
+                            self.kill()
+                            return got
+                        last = time.monotonic()
+                        self.inbuf.extend(chunk)
+                        for m in _take_frames(self.inbuf):
+                            got.append(m)
+                            if done(m):
+                                finished = True
+            return got
+        finally:
+            sel.close()
+
+# %% ../../nbs/pix/03d_sandbox.ipynb #bccca57d
+class _ForkServer(_ServerChannel):
+    "Parent-side handle of one fork server process (one per parent pid and isolation mode)."
+    def __init__(self, isolation: bool, start_timeout: float = 120.0):
+        self.isolation, self.owner_pid, self.dead = isolation, os.getpid(), False
+        env = _server_env(isolation)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from pixrl.pix.sandbox import forkserver_main; forkserver_main()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True, start_new_session=True, env=env)
+        self.rfd, self.wfd = self.proc.stdout.fileno(), self.proc.stdin.fileno()
+        os.set_blocking(self.rfd, False)
+        os.set_blocking(self.wfd, False)
+        self.inbuf = bytearray()
+        msgs = self._exchange(b"", lambda m: m[0] == "ready", start_timeout)
+        if not msgs:
+            self.close()
+            raise EvaluatorInfraError("the evaluator fork server did not start")
+        self.info = msgs[-1][1]
+        if isolation and not self.info["isolation_ok"]:
+            self.close()
+            raise IsolationUnavailable("PIXRL_REQUIRE_ISOLATION=1 but network/mount isolation is unavailable here: "
+                                       f"{self.info['isolation_reason']}; unset it to use the rlimit tier")
+
+    def run(self, jobs: dict, workers: int, batch: int, idle_timeout: float) -> dict:
+        "jobs: {job_id: job}. Returns {job_id: (status, n, reason, bits, elapsed)}; missing ids = infra fault."
+        out = bytearray(_frame(("config", {"workers": workers, "batch": batch})))
+        for jid, job in jobs.items():
+            out.extend(_frame(("job", jid, job)))
+        pending = set(jobs)
+        def done(m):
+            if m[0] == "result":
+                pending.discard(m[1])
+            return not pending
+        msgs = self._exchange(bytes(out), done, idle_timeout) if jobs else []
+        return {m[1]: tuple(m[2:]) for m in msgs if m[0] == "result"}
+
+    def request(self, kind, timeout=30.0):
+        msgs = self._exchange(_frame((kind, None)), lambda m: m[0] != "result", timeout)
+        return msgs[-1][1] if msgs else None
 
 # %% ../../nbs/pix/03d_sandbox.ipynb #3d00000b
 _SERVERS: dict = {}
@@ -528,6 +583,7 @@ def run_sandboxed(items: list, workers: int | None = None, isolation: bool | Non
         res.append((st, n, reason, unpack_bits(bits, shape) if bits is not None else None, elapsed))
     return res
 
+# %% ../../nbs/pix/03d_sandbox.ipynb #ae9c7a72
 def _sandbox_run_ungated(source: str, footprint_um=(100.0, 100.0), shape=(32, 32), limits: Limits | None = None,
                          isolation: bool | None = None, retries: int = 3) -> tuple:
     """TEST-ONLY: run `source` in a sandboxed worker **without the AST gate and with the real

@@ -7,17 +7,17 @@ from pathlib import Path
 import numpy as np
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, GenerationConfig
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM, GenerationConfig
 from ..core import repo_root, set_seed, Timer
 from ..core import PIXRL_META, TINY_NAME
+from ..lm import tiny_config, encode_example, collate
 from .prompt import PromptSpec, build_prompt, format_answer
 from .geometry import render
 
 # %% auto #0
 __all__ = ['EOS', 'TINY_PROMPT_SPEC', 'MODEL_IMAGE_SHAPE', 'Q_UM', 'PHASES', 'VLM_IMAGE_TOKEN', 'VLM_CHAT_TEMPLATE',
-           'TINY_VLM_PROMPT_SPEC', 'tiny_dir', 'char_tokenizer', 'tiny_config', 'new_tiny_model', 'SceneTask',
-           'random_scene', 'scene_stream', 'encode_example', 'collate', 'pretrain', 'save_tiny', 'build_tiny',
-           'build_tiny_vlm']
+           'TINY_VLM_PROMPT_SPEC', 'tiny_dir', 'char_tokenizer', 'new_tiny_model', 'SceneTask', 'random_scene',
+           'scene_stream', 'pretrain', 'save_tiny', 'build_tiny', 'build_tiny_vlm']
 
 # %% ../../nbs/tiny_model.ipynb #c7ae02c7
 EOS = "<|endoftext|>"
@@ -45,16 +45,6 @@ def char_tokenizer(number_tokens: bool = False) -> PreTrainedTokenizerFast:
                                    model_max_length=1024)
 
 # %% ../../nbs/tiny_model.ipynb #c1e16724
-def tiny_config(vocab_size: int = 98, hidden: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2,
-                intermediate: int = 384, max_positions: int = 1024, bos_id: int = 0, eos_id: int = 0,
-                pad_id: int = 0) -> Qwen2Config:
-    """A small Qwen2 config with tied embeddings, built from the library class (no download): pixrl-tiny's
-    defaults ≈ 0.8 M parameters; pixrl-base and pixrl-mem-tiny size it their way (`*_id`: the tokenizer's)."""
-    return Qwen2Config(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate,
-                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                       max_position_embeddings=max_positions, tie_word_embeddings=True,
-                       bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id, rope_theta=10000.0)
-
 def new_tiny_model(seed: int = 0, **config_kw) -> Qwen2ForCausalLM:
     "Freshly initialised pixrl-tiny (deterministic from `seed`)."
     set_seed(seed)
@@ -80,6 +70,7 @@ def _fmt(v: float, q: float = Q_UM) -> str:
     "Round `v` to a multiple of `q` and print it compactly (`12.5`, `3`, `0.25`)."
     return f"{round(v / q) * q:g}"
 
+# %% ../../nbs/tiny_model.ipynb #38002762
 def _primitive(rng: np.random.Generator, W: float, H: float) -> str:
     "One random drawing call inside a W×H footprint."
     f = _fmt
@@ -117,6 +108,7 @@ def _primitive(rng: np.random.Generator, W: float, H: float) -> str:
         pts.append((x, y))
     return "path([" + ", ".join(f"({f(px)}, {f(py)})" for px, py in pts) + f"], {f(width)})"
 
+# %% ../../nbs/tiny_model.ipynb #f883f683
 def random_scene(rng: np.random.Generator, idx: int = 0) -> SceneTask:
     "A random primitive scene: integer footprint 8–400 um a side, 1–4 primitives (retries until the image has ink)."
     while True:
@@ -141,24 +133,6 @@ def scene_stream(seed: int, start: int = 0):
         k += 1
 
 # %% ../../nbs/tiny_model.ipynb #bde574dd
-def encode_example(tokenizer, prompt: str, completion: str) -> tuple[list[int], list[int]]:
-    "Token ids of prompt + completion + eos, and labels with the prompt masked (−100)."
-    p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    c = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return p + c, [-100] * len(p) + c
-
-def collate(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict:
-    "Right-pad a list of (ids, labels) into tensors."
-    T = max(len(i) for i, _ in examples)
-    ids = torch.full((len(examples), T), pad_id)
-    lab = torch.full((len(examples), T), -100)
-    att = torch.zeros((len(examples), T), dtype=torch.long)
-    for b, (i, l) in enumerate(examples):
-        ids[b, :len(i)] = torch.tensor(i)
-        lab[b, :len(l)] = torch.tensor(l)
-        att[b, :len(i)] = 1
-    return {"input_ids": ids, "labels": lab, "attention_mask": att}  # (B, T) each
-
 def pretrain(model, tokenizer, steps: int, batch_size: int = 32, lr: float = 1e-3, seed: int = 0,
              spec: PromptSpec = TINY_PROMPT_SPEC, warmup: int = 20, log_every: int = 20, verbose: bool = False,
              stream_seed: int | None = None, start: int = 0) -> list[dict]:
@@ -257,6 +231,7 @@ def _transplant_text(vlm, text_from) -> None:
     vlm.model.language_model.load_state_dict(dst)
     vlm.tie_weights()
 
+# %% ../../nbs/tiny_model.ipynb #20e07850
 def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, patch: int = 8,
                    spec: PromptSpec = TINY_VLM_PROMPT_SPEC, max_new_tokens: int = 96, intermediate: int | None = None,
                    text_from=None) -> Path:

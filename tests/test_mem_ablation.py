@@ -1,0 +1,27 @@
+"""mem ablation (`pixrl.mem.ablation`): the committed `runs/mem_ablation/` arm-seeds were saved before `MemTrainConfig`
+took TRL GRPOConfig's names (`group_size`, `lr`, …); they still read as finished records for the notebook's own
+parameters, so `make mem-ablation` over them skips every arm-seed instead of refusing the folder."""
+import json
+from pathlib import Path
+
+from conftest import notebook_parameters
+from pixrl.mem.train import MemTrainConfig, RENAMED
+from pixrl.mem.ablation import parse_arms, parse_seeds, arm_seed_dir, _done_record
+
+ROOT = Path(__file__).parents[1]
+RUNS = ROOT / "runs" / "mem_ablation"
+
+
+def test_committed_arm_seeds_are_finished_records_under_the_new_names():
+    p = notebook_parameters(ROOT / "nbs" / "mem_ablation.ipynb")
+    base = MemTrainConfig(model=p["model"], steps=p["steps"], learning_rate=p["learning_rate"],
+                          groups_per_step=p["groups_per_step"], num_generations=p["num_generations"],
+                          val_every=p["val_every"], val_questions=p["val_questions"]).validate()   # the notebook's base_cfg
+    arms, seeds = parse_arms(p["arms"]), parse_seeds(p["seeds"])
+    for arm in arms:
+        for seed in seeds:
+            saved = json.loads((arm_seed_dir(RUNS, arm, seed) / "final.json").read_text())
+            assert set(RENAMED) <= set(saved["config"]), (arm.name, seed)     # written under the earlier names
+            rec = _done_record(RUNS, arm, seed, base)                         # read: not refused as another config
+            assert rec["steps_done"] == p["steps"] and not set(RENAMED) & set(rec["config"])
+            assert rec["config"]["learning_rate"] == saved["config"]["lr"] == p["learning_rate"]
