@@ -115,9 +115,25 @@ answer to its question; **historical** — a newer run on the current defaults a
 its numbers are not clean evidence (a dirty tree, no run record). The story of each run, dated, is in `runs/LOG.md`;
 the claims the front page quotes are in `runs/RESULTS.md`."""
 
+def _model_digests(root) -> dict:
+    "{model name: sha256} of the committed models (data/models/SHA256SUMS of `root`; empty when it has none)."
+    sums = Path(root) / "data" / "models" / "SHA256SUMS"
+    pairs = [line.split() for line in sums.read_text().splitlines() if line.strip()] if sums.is_file() else []
+    return {name: digest for digest, name in pairs}
+
+def _claims_per_run(root) -> dict:
+    "{run: how many claims of runs/claims.json it backs} (empty when there is no claims file)."
+    path = Path(root) / "runs" / "claims.json"
+    claims = read_json(path, "claims") if path.is_file() else []
+    return {run: sum(c["run"] == run for c in claims) for run in {c["run"] for c in claims}}
+
 def run_index(root=None) -> str:
-    "runs/README.md: the registry as one table per line, current runs first, then historical, then superseded."
-    registry = read_registry(root or repo_root())
+    """runs/README.md: the registry as one table per line, current runs first, then historical, then superseded; a
+    committed model named with its sha256's first 12 digits, a run's front-page claims counted."""
+    root = Path(root or repo_root())
+    registry = read_registry(root)
+    digests = _model_digests(root)
+    claims = _claims_per_run(root)
     order = {s: k for k, s in enumerate(RUN_STATUSES)}
     parts = [_INDEX_HEAD]
     for line in RUN_LINES:
@@ -125,12 +141,15 @@ def run_index(root=None) -> str:
         if not entries:
             continue
         counts = ", ".join(f"{sum(e['status'] == s for e in entries)} {s}" for s in RUN_STATUSES)
-        rows = ["| run | status | what it is | model | commit | wall | re-run |", "|---|---|---|---|---|---|---|"]
+        rows = ["| run | status | claims | what it is | model | commit | wall | re-run |", "|---|---|---|---|---|---|---|---|"]
         for e in entries:
             rec = e["record"] or {}
             commit = (rec.get("commit") or "—")[:7] + (" (dirty)" if rec.get("dirty") else "")
             wall = f"{rec['wall_s']:,.0f} s" if rec.get("wall_s") else "—"
-            cells = (f"`{e['name']}`", e["status"], e["why"], e["model"] or "—", commit, wall, f"`{e['command']}`")
+            model = e["model"] or "—"
+            if model in digests:
+                model += f" (sha256 {digests[model][:12]})"
+            cells = (f"`{e['name']}`", e["status"], claims.get(e["name"], ""), e["why"], model, commit, wall, f"`{e['command']}`")
             rows.append("| " + " | ".join(_cell(x) for x in cells) + " |")
         parts.append(f"## {line} ({counts})\n\n" + "\n".join(rows))
     return "\n\n".join(parts) + "\n"
