@@ -448,8 +448,9 @@ def _seeds_ok(seed) -> bool:
 
 def check_record(record, where: str = "record"):
     """A registry entry's `record`: None (the notebook printed none), or exactly RECORD_FIELDS — `commit` a 7–40 digit
-    hex hash, `dirty` a bool, `seed` an int or a list of ints, `data_digest` a hex digest, `wall_s` seconds > 0; the last
-    three may be None (a run that trains nothing has no seed, data or wall of its own). Refused with a ValueError."""
+    hex hash, `dirty` a bool, `seed` an int or a list of ints, `data_digest` a hex digest, `wall_s` seconds >= 0 (a
+    notebook that only reads records prints 0.0); the last three may be None (a run that trains nothing has no seed,
+    data or wall of its own). Refused with a ValueError."""
     if record is None:
         return None
     if not isinstance(record, dict) or sorted(record) != sorted(RECORD_FIELDS):
@@ -458,9 +459,9 @@ def check_record(record, where: str = "record"):
              "dirty": lambda v: isinstance(v, bool),
              "seed": lambda v: v is None or _seeds_ok(v),
              "data_digest": lambda v: v is None or (isinstance(v, str) and len(v) >= 12 and _HEX.fullmatch(v) is not None),
-             "wall_s": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0)}
+             "wall_s": lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0)}
     words = {"commit": "a 7–40 digit hex hash", "dirty": "True or False", "seed": "None, an int or a list of ints",
-             "data_digest": "None or a hex digest of 12+ digits", "wall_s": "None or seconds > 0"}
+             "data_digest": "None or a hex digest of 12+ digits", "wall_s": "None or seconds >= 0"}
     for field, ok in rules.items():
         if not ok(record[field]):
             raise ValueError(f"{where}: record {field} {record[field]!r}; accepted: {words[field]}")
