@@ -6,11 +6,12 @@ import hashlib, os, pickle
 from pathlib import Path
 import torch
 from transformers import Qwen2Config
-from .core import repo_root
+from .core import repo_root, BASE_NAME, NOISY_NAME, LONG_NAME
 
 # %% auto #0
-__all__ = ['KEYS_CHECKPOINT', 'SHA256SUMS', 'tiny_config', 'encode_example', 'collate', 'load_tensors', 'save_checkpoint',
-           'latest_checkpoint', 'resume_training', 'model_dir_sha256', 'recorded_sha256', 'check_model_dir']
+__all__ = ['KEYS_CHECKPOINT', 'SHA256SUMS', 'REBUILD', 'tiny_config', 'encode_example', 'collate', 'load_tensors',
+           'save_checkpoint', 'latest_checkpoint', 'resume_training', 'model_dir_sha256', 'recorded_sha256',
+           'check_model_dir']
 
 # %% ../nbs/03_lm.ipynb #0983bf8d
 def tiny_config(vocab_size: int = 98, hidden: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2,
@@ -81,7 +82,8 @@ def load_tensors(path, keys=()) -> dict:
         raise ValueError(f"{path}: refused: it holds objects other than tensors and plain Python data, which pixrl "
                          f"never unpickles ({_unpickler_reason(e)}); delete it, or write it again with pixrl") from None
     except (RuntimeError, EOFError) as e:
-        raise ValueError(f"{path}: not a readable torch checkpoint: {str(e).splitlines()[0][:300]}") from None
+        first = (str(e).splitlines() or [type(e).__name__ + ', an empty or cut-short file'])[0]
+        raise ValueError(f"{path}: not a readable torch checkpoint: {first[:300]}") from None
     if not isinstance(state, dict) or any(k not in state for k in keys):
         got = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"{path}: expected a dict with keys {list(keys)}; got {got}")
@@ -140,6 +142,8 @@ def resume_training(ckpt_dir, config: dict, model, opt, sched) -> tuple[int, lis
 
 # %% ../nbs/03_lm.ipynb #6178b25b
 SHA256SUMS = "SHA256SUMS"        # data/models/SHA256SUMS: `<sha256>  <model name>` of every committed model's weights
+REBUILD = {BASE_NAME: "make base", NOISY_NAME: "make base-noisy", LONG_NAME: "make base-long",
+           "pixrl-mem-base": "make mem-base"}   # the make target that rebuilds each committed model
 
 def model_dir_sha256(path) -> str:
     "sha256 of a model directory's weights (`model.safetensors`)."
@@ -166,5 +170,5 @@ def check_model_dir(path, name: str, expected: str | None = None) -> str:
         raise ValueError(f"{name}: no record in data/models/{SHA256SUMS}")
     if want != got:
         raise ValueError(f"{name} at {path}: weights sha256 {got} does not match the committed record {want} "
-                         f"(data/models/{SHA256SUMS}); rebuild it with `make base` or restore it with git")
+                         f"(data/models/{SHA256SUMS}); rebuild it with `{REBUILD.get(name, 'make base')}` or restore it with git")
     return str(path)

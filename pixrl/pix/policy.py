@@ -9,7 +9,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 from ..core import repo_root, cache_dir, TINY_NAME, TINY_VL_NAME, BASE_NAME, COMMITTED_MODELS, PIXRL_META
-from ..lm import SHA256SUMS, model_dir_sha256, recorded_sha256, check_model_dir
+from ..lm import REBUILD, SHA256SUMS, model_dir_sha256, recorded_sha256, check_model_dir
 from .prompt import PromptSpec, prompt_text, prompt_image, feed_text, format_answer
 
 hf_logging.disable_progress_bar()  # evidence notebooks carry no progress-bar output
@@ -36,7 +36,7 @@ def resolve_model(model: str | os.PathLike) -> str:
     if m in COMMITTED_MODELS:
         p = repo_root() / "data" / "models" / m
         if not (p / "config.json").exists():
-            raise ValueError(f"{m} is missing at {p}; rebuild it with `make base`")
+            raise ValueError(f"{m} is missing at {p}; rebuild it with `{REBUILD[m]}` or restore it with git")
         return check_model_dir(p, m)
     if m == TINY_NAME:
         p = repo_root() / "data" / "models" / TINY_NAME
