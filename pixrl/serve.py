@@ -2,18 +2,21 @@
 
 # %% ../nbs/07_serve.ipynb #8f203d2a
 from __future__ import annotations
-import argparse, copy, datetime, json, math, os, shutil, signal, socket, subprocess, sys, threading, time, uuid
+import argparse, copy, datetime, hashlib, json, math, os, shutil, signal, socket, subprocess, sys, threading, time, uuid
 import urllib.request, urllib.error
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from .core import cache_dir
+from .vllm import (TOKENIZER_FILES, VLLM_STAMP, WATCHDOG, server_env, vllm_argv, vllm_env_dir,
+                         write_tokenizer_copy)
 
 # %% auto #0
-__all__ = ['SERVE_MAX_TIME', 'SERVE_CONCURRENCY', 'SERVE_MAX_N', 'MAX_BODY_BYTES', 'REFUSED_FIELDS', 'export_adapter',
-           'load_version', 'RequestError', 'context_length', 'completion_params', 'ModelServer', 'make_http_server',
-           'serve_model', 'model_server_main', 'free_port', 'server_command', 'ServerHandle', 'start_server',
-           'complete', 'completion_text', 'cli_main']
+__all__ = ['SERVE_MAX_TIME', 'SERVE_CONCURRENCY', 'SERVE_MAX_N', 'MAX_BODY_BYTES', 'REFUSED_FIELDS', 'ADAPTER_NAME',
+           'export_adapter', 'load_version', 'RequestError', 'context_length', 'completion_params', 'ModelServer',
+           'make_http_server', 'serve_model', 'model_server_main', 'free_port', 'server_command', 'tokenizer_copy',
+           'vllm_serve_command', 'ServerHandle', 'start_server', 'complete', 'completion_text', 'cli_main']
 
 # %% ../nbs/07_serve.ipynb #d9e0316f
 def _versions() -> dict:
@@ -414,16 +417,20 @@ def _exe(name: str) -> str:
     return found
 
 def server_command(export_dir, backend: str = "auto", host: str = "127.0.0.1", port: int = 8000,
-                   max_time: float = SERVE_MAX_TIME, concurrency: int = SERVE_CONCURRENCY) -> tuple[list[str], str]:
+                   max_time: float = SERVE_MAX_TIME, concurrency: int = SERVE_CONCURRENCY,
+                   enable_lora: bool = False) -> tuple[list[str], str]:
     """(argv, model name to put in requests) for serving an export. `backend`: "transformers" (CPU; pixrl's server,
     `python -m pixrl.serve`, on `merged/`: every request checked and answered within `max_time` s, `concurrency`
-    generations at once), "vllm" (GPU; base model + `--enable-lora` with the adapter), "auto" (vllm when CUDA + vllm
-    exist). Binds `host` (loopback by default; neither server has authentication)."""
+    generations at once), "vllm" (vLLM's server from `make vllm-env`, CPU or GPU: `merged/`, or with `enable_lora`
+    the base model + the export's `adapter/`; `vllm_serve_command`), "auto" (vllm when CUDA + vllm exist).
+    Binds `host` (loopback by default; neither server has authentication)."""
     _check_serve_limits(max_time, concurrency)
     v = load_version(export_dir)
     root = Path(export_dir)
     if backend == "auto":
         backend = "vllm" if _gpu_vllm() else "transformers"
+    if enable_lora and backend != "vllm":
+        raise ValueError(f"enable_lora is a vLLM setting; backend {backend!r} serves merged/ (use --backend vllm)")
     if backend == "transformers":
         merged = root / "merged"
         if not (merged / "config.json").exists():
@@ -431,17 +438,49 @@ def server_command(export_dir, backend: str = "auto", host: str = "127.0.0.1", p
         return [sys.executable, "-m", "pixrl.serve", str(merged), "--host", host, "--port", str(port),
                 "--max-time", str(max_time), "--concurrency", str(concurrency)], str(merged)
     if backend == "vllm":
-        name = "pixrl-mem"
-        return [_exe("vllm"), "serve", v["base_model"], "--enable-lora", "--lora-modules", f"{name}={root / 'adapter'}",
-                "--max-lora-rank", str(v["lora"]["r"]), "--host", host, "--port", str(port)], name
+        return vllm_serve_command(root, v, host, port, enable_lora)
     raise ValueError(f"backend must be 'transformers', 'vllm' or 'auto'; got {backend!r}")
 
 def _gpu_vllm() -> bool:
     try:
         import torch
-        return torch.cuda.is_available() and shutil.which("vllm") is not None
+        return torch.cuda.is_available() and (vllm_env_dir() / VLLM_STAMP).exists()
     except Exception:
         return False
+
+# %% ../nbs/07_serve.ipynb #vllmsv02
+ADAPTER_NAME = "pixrl-adapter"   # the model name requests give for an export's adapter under `--enable-lora`
+
+def tokenizer_copy(model_dir) -> Path:
+    "`write_tokenizer_copy(model_dir)` in the cache, keyed by the tokenizer files' content (written once)."
+    src = Path(model_dir)
+    h = hashlib.sha256()
+    for f in (*TOKENIZER_FILES, "chat_template.jinja"):
+        h.update(f.encode() + ((src / f).read_bytes() if (src / f).exists() else b""))
+    out = cache_dir("vllm", "tokenizers") / h.hexdigest()[:16]
+    if not (out / "tokenizer.json").exists():
+        write_tokenizer_copy(src, out)
+    return out
+
+def vllm_serve_command(root: Path, version: dict, host: str, port: int, enable_lora: bool) -> tuple[list[str], str]:
+    "(argv, request model name) of vLLM's server for export `root` (its `version.json` = `version`); see above."
+    merged = root / "merged"
+    if not enable_lora:
+        if not (merged / "config.json").exists():
+            raise ValueError(f"{root} has no merged/ model; serve its adapter with --enable-lora")
+        max_len = json.loads((merged / "config.json").read_text())["max_position_embeddings"]
+        return vllm_argv(merged, tokenizer_copy(merged), port=port, host=host, name=str(merged),
+                         max_model_len=max_len), str(merged)
+    adapter = root / "adapter"
+    if not (adapter / "adapter_config.json").exists():
+        raise ValueError(f"{root} has no adapter/ (a release holds merged/ only); serve it without --enable-lora")
+    base = Path(version.get("base_model") or "")
+    if not (base / "config.json").exists():
+        raise ValueError(f"the export's base model {version.get('base_model')!r} is not a local model folder")
+    max_len = json.loads((base / "config.json").read_text())["max_position_embeddings"]
+    rank = json.loads((adapter / "adapter_config.json").read_text())["r"]
+    return vllm_argv(base, tokenizer_copy(base), port=port, host=host, name=str(base), max_model_len=max_len,
+                     lora_modules={ADAPTER_NAME: str(adapter)}, max_lora_rank=rank), ADAPTER_NAME
 
 # %% ../nbs/07_serve.ipynb #e61565ae
 @dataclass
@@ -462,15 +501,16 @@ def _get(url: str, timeout: float = 2.0) -> int:
 @contextmanager
 def start_server(export_dir, backend: str = "auto", host: str = "127.0.0.1", port: int | None = None,
                  startup_timeout: float = 180.0, log_path=None, max_time: float = SERVE_MAX_TIME,
-                 concurrency: int = SERVE_CONCURRENCY):
+                 concurrency: int = SERVE_CONCURRENCY, enable_lora: bool = False):
     """Start the server for an export on `host:port` (a free port by default; `max_time`, `concurrency` as in
     `server_command`); wait (≤ `startup_timeout` s) for GET /health (or /v1/models) = 200; yield a `ServerHandle`.
-    The server's whole process group is killed on exit."""
+    The server runs under `pixrl.vllm.WATCHDOG`: its whole process group is stopped on exit, and when this process dies."""
     port = port or free_port(host)
-    argv, model = server_command(export_dir, backend, host, port, max_time, concurrency)
+    argv, model = server_command(export_dir, backend, host, port, max_time, concurrency, enable_lora)
     log_path = Path(log_path) if log_path else Path(export_dir) / "server.log"
     log = open(log_path, "w")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), *argv], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://{host}:{port}"
     try:
         deadline = time.time() + startup_timeout
@@ -524,8 +564,8 @@ def completion_text(body: dict) -> str:
 
 # %% ../nbs/07_serve.ipynb #299b78a9
 def cli_main(argv=None) -> int:
-    """`pixrl serve EXPORT_DIR [--backend auto|transformers|vllm] [--host 127.0.0.1] [--port 8000] [--max-time 60]
-    [--concurrency 2] [--print-command]`: run the OpenAI-compatible server for an adapter export or a release in the
+    """`pixrl serve EXPORT_DIR [--backend auto|transformers|vllm] [--enable-lora] [--host 127.0.0.1] [--port 8000]
+    [--max-time 60] [--concurrency 2] [--print-command]`: run the OpenAI-compatible server for an adapter export or a release in the
     foreground (no authentication; loopback unless `--host`); returns its exit code."""
     ap = argparse.ArgumentParser(prog="pixrl serve", description="Serve a pixrl adapter export (OpenAI-compatible).")
     ap.add_argument("export_dir", help="directory written by pixrl.serve.export_adapter (has version.json)")
@@ -535,10 +575,12 @@ def cli_main(argv=None) -> int:
     ap.add_argument("--max-time", type=float, default=SERVE_MAX_TIME,
                     help="(transformers) seconds one request may take, its wait for a generation slot included")
     ap.add_argument("--concurrency", type=int, default=SERVE_CONCURRENCY, help="(transformers) generations at once")
+    ap.add_argument("--enable-lora", action="store_true",
+                    help="(vllm) serve the base model with the export's adapter/ mounted (requests name it pixrl-adapter)")
     ap.add_argument("--print-command", action="store_true", help="print the server command and exit")
     a = ap.parse_args(argv)
     try:
-        cmd, model = server_command(a.export_dir, a.backend, a.host, a.port, a.max_time, a.concurrency)
+        cmd, model = server_command(a.export_dir, a.backend, a.host, a.port, a.max_time, a.concurrency, a.enable_lora)
     except (ValueError, FileNotFoundError) as e:
         print(f"pixrl serve: {e}", file=sys.stderr)
         return 2
@@ -546,7 +588,7 @@ def cli_main(argv=None) -> int:
     print(f"# request model name: {model}")
     if a.print_command:
         return 0
-    return subprocess.call(cmd)
+    return subprocess.call(cmd, env=server_env() if a.backend == "vllm" else None)
 
 if __name__ == "__main__" and "__file__" in globals():   # `python -m pixrl.serve MODEL_DIR` (what `pixrl serve` runs); never in a kernel
     sys.exit(model_server_main())

@@ -249,5 +249,6 @@ def test_cli_against_endpoint_and_dead_endpoint(server, tmp_path, capsys):
     rec = json.loads(out.read_text())
     assert rec["tasks"][0]["task_id"] == tid and rec["prompt_spec"]["api_doc"] is False and rec["run"]["seed"] == 0
     assert rec["run"]["endpoint"] == {"base_url": f"http://127.0.0.1:{server.server_port}/v1", "served_model": "m"}
-    rc = cli_main(["--base-url", "http://127.0.0.1:9", "--model", "m", "--tasks", tid, "--out", str(tmp_path / "x.json")])
+    rc = cli_main(["--base-url", "http://127.0.0.1:9", "--model", "m", "--tasks", tid, "--raster", "16",
+                   "--out", str(tmp_path / "x.json")])
     assert rc == 2 and "unreachable" in capsys.readouterr().err and not (tmp_path / "x.json").exists()

@@ -4,15 +4,17 @@
 from __future__ import annotations
 import dataclasses, json, re, urllib.error, urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
-from ..core import Timer, run_record
+from ..core import PIXRL_META, Timer, repo_root, run_record
 from .harvest import sample_and_verify, task_prompts
 from .tasks import Task, release_digest
 
 # %% auto #0
 __all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'LOOP_KIND', 'redact_numbers',
            'material_direction', 'feedback', 'revision_prompt', 'LoopConfig', 'run_agent_loop', 'loop_summary',
-           'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'cli_main']
+           'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta', 'served_prompt_spec',
+           'cli_prompt_spec', 'cli_main']
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #b634cf9c
 CLOSENESS_BUCKETS = (  # (lower IoU bound, sentence) — first match wins; the bounds never reach the text
@@ -294,10 +296,45 @@ def _cli_parser():
     for f in dataclasses.fields(LoopConfig):
         v = getattr(d, f.name)
         ap.add_argument("--" + f.name.replace("_", "-"), type=int if v is None else type(v), default=v)
-    ap.add_argument("--raster", type=int, help="prompt raster size for a served model (default: PromptSpec's)")
+    ap.add_argument("--prompt-from", help="model folder, release or export whose pixrl.json gives a served model's prompt format")
+    ap.add_argument("--raster", type=int, help="prompt raster size for a served model (overrides the recorded one)")
     ap.add_argument("--no-api-doc", action="store_true", help="prompt without the API doc (as pixrl-tiny was trained)")
     ap.add_argument("--out", required=True, help="record path (JSON)")
     return ap
+
+# %% ../../nbs/pix/11_agent_loop.ipynb #loopspec1
+def served_meta(source) -> dict | None:
+    "The `pixrl.json` of a model folder, or of a release / export's `merged/`; None when `source` is neither."
+    root = Path(str(source))
+    for d in (root, root / "merged"):
+        if (d / PIXRL_META).is_file():
+            return json.loads((d / PIXRL_META).read_text())
+    return None
+
+def served_prompt_spec(source):
+    "The `PromptSpec` recorded with a model folder or a release / export (`served_meta`); None when there is none."
+    from pixrl.pix.prompt import PromptSpec
+    meta = served_meta(source)
+    if meta is None:
+        return None
+    return PromptSpec(**meta["prompt_spec"]) if "prompt_spec" in meta else PromptSpec()
+
+def cli_prompt_spec(a):
+    "The prompt format for a served model (see above): recorded, then `--raster` / `--no-api-doc` on top."
+    from pixrl.pix.prompt import PromptSpec
+    spec = served_prompt_spec(a.prompt_from or a.model)
+    if a.prompt_from and spec is None:
+        raise ValueError(f"--prompt-from {a.prompt_from!r} holds no pixrl.json (nor merged/pixrl.json); accepted: a "
+                         f"pixrl model folder, release or export")
+    if spec is None and not (a.raster or a.no_api_doc):
+        raise ValueError(f"the prompt format of served model {a.model!r} is unknown: pass --prompt-from "
+                         f"MODEL_OR_RELEASE_DIR (its pixrl.json), or --raster / --no-api-doc")
+    spec = spec or PromptSpec(representation=a.representation)
+    if a.raster:
+        spec = dataclasses.replace(spec, raster=a.raster)
+    if a.no_api_doc:
+        spec = dataclasses.replace(spec, api_doc=False)
+    return spec
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #5aba3904
 def cli_main(argv: list[str] | None = None) -> int:
@@ -306,15 +343,12 @@ def cli_main(argv: list[str] | None = None) -> int:
     from pathlib import Path
     a = _cli_parser().parse_args(argv)
     try:
-        from pixrl.pix.prompt import PromptSpec
-        spec = None
-        if a.base_url and (a.raster or a.no_api_doc):
-            kw = {"representation": a.representation, "api_doc": not a.no_api_doc}
-            if a.raster:
-                kw["raster"] = a.raster
-            spec = PromptSpec(**kw)
+        spec = cli_prompt_spec(a) if a.base_url else None
         cfg = LoopConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(LoopConfig)})
         policy = make_policy(a.model, a.base_url, spec)
+        meta = served_meta(a.prompt_from or a.model) if a.base_url else None
+        if meta and cfg.max_new_tokens is None and meta.get("max_new_tokens"):
+            cfg = dataclasses.replace(cfg, max_new_tokens=int(meta["max_new_tokens"]))   # the served model's budget
         rec = run_agent_loop(policy, resolve_tasks(a.tasks, a.limit), cfg, spec=spec, model=a.model)
     except (ValueError, EndpointError) as e:
         print(f"pixrl loop: {e}", file=sys.stderr)

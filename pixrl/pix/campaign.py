@@ -226,7 +226,8 @@ def run_stage(run_dir, k, report_to: str = "none") -> dict:
                        temperature=c["temperature"], max_new_tokens=op["max_new_tokens"], seed=c["seed"],
                        save_steps=c["save_steps"], replay_tasks=replay, replay_share=s["replay_share"], callbacks=cbs,
                        thinking=op["thinking"], reward=campaign_reward(c), **trl_settings(c),
-                       fast_rollouts=c.get("fast_rollouts", CampaignConfig.fast_rollouts), **report)
+                       fast_rollouts=c.get("fast_rollouts", CampaignConfig.fast_rollouts),
+                       vllm_mode=c.get("vllm_mode", CampaignConfig.vllm_mode), **report)
     if not is_main_rank():                          # under accelerate launch: rank 0 alone probes and writes records
         return res
     write_text_atomic(run_dir / f"metrics_{k}.json", json.dumps(res["log_history"], indent=0))

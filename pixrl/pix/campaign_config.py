@@ -8,6 +8,7 @@ from ..core import refuse_old_names, upgrade_names, LONG_NAME, Accepts, check_fi
 from .campaign_plan import ARMS, EXEC_SLACK, LEVELS, RunPlan, build_plan
 from .reward import DEFAULT_REWARD, REWARD_POLICIES
 from ..tracking import REPORT_TO, check_report_to
+from ..vllm import VLLM_MODES, check_vllm_mode
 
 # %% auto #0
 __all__ = ['SCALE_REWARDS', 'LOSS_TYPES', 'LATER_FIELDS', 'UNTRAINED', 'RENAMED', 'current_names', 'refuse_renamed', 'recipe',
@@ -35,7 +36,7 @@ def _as_levels(value):
 # %% ../../nbs/pix/09c_campaign_config.ipynb #0965d603
 # fields added after campaigns were recorded, with the value they had then: at that value they leave the
 # fingerprint unchanged, so a recorded state.json still matches its config
-LATER_FIELDS = {"num_iterations": 1, "num_processes": 1, "sft_batch": 16}
+LATER_FIELDS = {"num_iterations": 1, "num_processes": 1, "sft_batch": 16, "vllm_mode": "off"}
 # fields that do not change what trains: where a campaign is written, how often it checkpoints, the preflight's
 # control size, where its step metrics are reported, how its rollouts are computed (fast_rollouts: the same
 # completions, runs/b_fast), whether it may run on a dirty tree (allow_dirty: its record says so)
@@ -103,6 +104,8 @@ class CampaignConfig:
     num_iterations: int = setting(1, ge=1)                                      # TRL num_iterations (μ): optimizer steps on each generated batch (clipped ratio, ε 0.2)
     fast_rollouts: bool = setting(True)                                         # rollouts from a LoRA-merged plain copy of the policy (transformers path; pixrl.pix.grpo):
                                                                                 # 0.75 × the generation time per token (runs/bench_rollout_long), the same completions
+    vllm_mode: str = setting("off", choices=VLLM_MODES)                         # GRPO rollouts: "off" transformers (fast_rollouts); "server" a vLLM server on loopback per stage
+                                                                                # (pixrl.pix.grpo, make vllm-env; other samples, so part of the recipe); "colocate" TRL's (CUDA only)
     replay_share: float | None = setting(None, ge=0, lt=1)                      # backward replay share of RL batches (lower levels), below 1 (1 leaves no row of the level); None: the arm's default
     sft_levels: tuple | None = setting(None, distinct=True, items=_LEVEL)       # levels with an SFT stage, among `levels`; () none; None: the arm's default (arms B, C, F, I refuse any)
     sft_epochs: float = setting(1.0, gt=0)                                      # SFT epochs over a level's train tasks
@@ -189,6 +192,7 @@ def validate(cfg: CampaignConfig) -> RunPlan:
         if not src.exists():
             raise ValueError(f"fork_from={cfg.fork_from!r} holds no campaign state.json")
     check_num_processes(cfg.num_processes, cfg.groups_per_step * cfg.num_generations)
+    check_vllm_mode(cfg.vllm_mode)
     if any(s.kind == "sft" for s in plan.stages):
         check_num_processes(cfg.num_processes, cfg.sft_batch, "SFT examples per optimizer step (sft_batch)")
     path = resolve_model(cfg.model)                            # missing path -> ValueError

