@@ -2,7 +2,7 @@
 
 # %% ../nbs/10_vllm.ipynb #236f958f
 from __future__ import annotations
-import json, os, shutil, signal, subprocess, sys, time, urllib.error, urllib.request
+import copy, json, os, shutil, signal, subprocess, sys, time, urllib.error, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +14,8 @@ from .core import cache_dir, repo_root
 __all__ = ['VLLM_VERSION', 'VLLM_BUILDS', 'VLLM_STAMP', 'VLLM_MODES', 'PASSTHROUGH_CHAT_TEMPLATE', 'TOKENIZER_FILES',
            'VLLM_DTYPES', 'KV_CACHE_BYTES', 'LORA_RANKS', 'WATCHDOG', 'vllm_build', 'vllm_env_dir', 'vllm_versions',
            'vllm_python', 'check_vllm_mode', 'write_tokenizer_copy', 'untied_state_dict', 'write_weights',
-           'ServingCopy', 'write_serving_copy', 'vllm_argv', 'group_alive', 'Completion', 'VLLMServer', 'server_env',
-           'sampled_logprob_gap']
+           'ServingCopy', 'write_serving_copy', 'merged_copy', 'weights_version', 'vllm_argv', 'group_alive',
+           'Completion', 'VLLMServer', 'server_env', 'sampled_logprob_gap']
 
 # %% ../nbs/10_vllm.ipynb #bf6a12c9
 VLLM_VERSION = "0.32.0"                      # the vLLM release scripts/vllm_env.sh installs
@@ -118,6 +118,20 @@ def write_serving_copy(model, tokenizer_src, out_dir) -> ServingCopy:
     return ServingCopy(model_dir, write_tokenizer_copy(tokenizer_src, out / "tokenizer"))
 
 # %% ../nbs/10_vllm.ipynb #adba4a39
+def merged_copy(model):
+    "A plain copy of a peft LoRA `model` with each adapter folded into its weight (W + (α/r)·B·A); any other model: itself."
+    if not hasattr(model, "merge_and_unload"):
+        return model
+    plain = copy.deepcopy(model).merge_and_unload()
+    for m in plain.modules():   # an instance-level forward (TRL's fused LM head) is a closure over the *original*
+        m.__dict__.pop("forward", None)   # model: copied, it would run the peft model; the class's forward runs the copy
+    return plain
+
+def weights_version(model) -> int:
+    "A number that changes whenever a trainable tensor of `model` is modified in place (an optimizer step)."
+    return sum(p._version for p in model.parameters() if p.requires_grad)
+
+# %% ../nbs/10_vllm.ipynb #b55972b9
 VLLM_DTYPES = ("float32", "bfloat16")        # float32: the trainer's numbers (log-prob checks); bfloat16: faster
 KV_CACHE_BYTES = 512 << 20                   # the KV cache pixrl reserves (a pixrl model needs ~2 KiB per token)
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256)    # the ranks vLLM's --max-lora-rank accepts
@@ -144,7 +158,7 @@ def vllm_argv(model_dir, tokenizer_dir, *, port: int, host: str = "127.0.0.1", n
                  *[f"{k}={v}" for k, v in lora_modules.items()]]
     return argv
 
-# %% ../nbs/10_vllm.ipynb #b55972b9
+# %% ../nbs/10_vllm.ipynb #dfcde498
 WATCHDOG = r"""
 import os, signal, subprocess, sys, time
 parent = int(sys.argv[1])
@@ -173,7 +187,7 @@ def group_alive(pgid: int) -> bool:
         return False
     return True
 
-# %% ../nbs/10_vllm.ipynb #a72b74bb
+# %% ../nbs/10_vllm.ipynb #2f616ac3
 @dataclass
 class Completion:
     token_ids: list          # the sampled ids; the stop id included when one ended the completion
@@ -196,7 +210,7 @@ def _healthy(url: str) -> bool:
     except (urllib.error.URLError, ConnectionError, OSError):
         return False
 
-# %% ../nbs/10_vllm.ipynb #dfcde498
+# %% ../nbs/10_vllm.ipynb #fecdb81a
 class VLLMServer:
     """vLLM's OpenAI server for `model_dir` (tokenizer `tokenizer_dir`) on loopback, started from vLLM's environment
     under a watchdog; a context manager (`close` stops every process it started). Arguments as `vllm_argv`."""
@@ -220,7 +234,7 @@ class VLLMServer:
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
-# %% ../nbs/10_vllm.ipynb #fd94db30
+# %% ../nbs/10_vllm.ipynb #83f2be14
 def server_env() -> dict:
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
@@ -268,7 +282,7 @@ VLLMServer.close = _close
 VLLMServer.__enter__ = lambda self: self.start()
 VLLMServer.__exit__ = lambda self, *exc: self.close()
 
-# %% ../nbs/10_vllm.ipynb #2f616ac3
+# %% ../nbs/10_vllm.ipynb #054e2904
 def _generate(self, prompt_ids: list, n: int, *, temperature: float, max_tokens: int, seed: int,
               stop_token_ids=(), top_p: float = 1.0, top_k: int = 0, logprobs: bool = True) -> list:
     "`n` completions of one prompt (token ids) as `Completion`s; sample i is seeded `seed + i`."
@@ -277,7 +291,10 @@ def _generate(self, prompt_ids: list, n: int, *, temperature: float, max_tokens:
             "stop_token_ids": list(stop_token_ids), "return_token_ids": True}
     if logprobs:
         body["logprobs"] = 0                          # the sampled token's own log-probability
-    out = _post(self.base_url + "/v1/completions", body, self.request_timeout)
+    try:
+        out = _post(self.base_url + "/v1/completions", body, self.request_timeout)
+    except RuntimeError as e:                          # an engine that died says why only in its log
+        raise RuntimeError(f"{e}\nthe end of {self.log_path}:\n{self.log_tail(2000)}") from e
     choices = sorted(out["choices"], key=lambda c: c["index"])
     return [Completion(c["token_ids"], c["logprobs"]["token_logprobs"] if logprobs else None, c["finish_reason"])
             for c in choices]
@@ -302,7 +319,7 @@ VLLMServer.generate = _generate
 VLLMServer.generate_groups = _generate_groups
 VLLMServer.complete_text = _complete_text
 
-# %% ../nbs/10_vllm.ipynb #83f2be14
+# %% ../nbs/10_vllm.ipynb #6c75760e
 def _load_weights(self, model) -> float:
     "Serve `model`'s weights from now on (written untied into the served folder, reloaded in place); seconds taken."
     t0 = time.perf_counter()
@@ -315,7 +332,7 @@ def _load_weights(self, model) -> float:
 
 VLLMServer.load_weights = _load_weights
 
-# %% ../nbs/10_vllm.ipynb #c8468419
+# %% ../nbs/10_vllm.ipynb #f1b8e58e
 @torch.no_grad()
 def sampled_logprob_gap(model, prompts: list, completions: list, server_logprobs: list) -> tuple[float, float]:
     """(mean, max) over all sampled tokens of |server log-prob − `model`'s log-prob| (raw logits, temperature 1).

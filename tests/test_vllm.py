@@ -248,3 +248,38 @@ def test_a_killed_process_leaves_no_server(tmp_path):
     while group_alive(pgid) and time.time() < deadline:
         time.sleep(0.5)
     assert not group_alive(pgid)
+
+
+def test_mem_trainer_runs_through_the_vllm_server(tmp_path):
+    """The mem trainer with backend 'vllm' on CPU: rollouts come from the server, which gets the trained weights after
+    each optimizer step; a greedy turn from the server equals HFPolicy's; `close` stops the server."""
+    from pixrl.mem.train import HFPolicy, MemGRPOTrainer, MemTrainConfig, VLLMPolicy
+    train = _mem_fixture()
+    before = set(_vllm_pids())
+    cfg = MemTrainConfig(model="pixrl-mem-base", backend="vllm", steps=2, groups_per_step=2, num_generations=2,
+                         val_every=0, seed=0)
+    tr = MemGRPOTrainer(cfg, train)
+    try:
+        assert isinstance(tr.policy, VLLMPolicy)
+        hf = HFPolicy(tr.model, tr.tokenizer, cfg.max_prompt_tokens, cfg.max_response_tokens)
+        prompts = [train[0].question, train[1].question]
+        hist = tr.train()
+        assert [h["step"] for h in hist] == [1, 2]
+        assert tr.policy.server.weights_version == 1                 # step 2's rollouts came from step 1's weights
+        tr.policy.sync()                                              # step 2's weights
+        assert tr.policy.server.weights_version == 2
+        greedy = tr.policy.generate(prompts, temperature=0.0, max_new_tokens=24)
+        want = hf.generate(prompts, temperature=1e-6, max_new_tokens=24)   # T → 0: HF's sampling is greedy
+        assert [g.completion_ids for g in greedy] == [g.completion_ids for g in want]
+    finally:
+        tr.close()
+    assert not set(_vllm_pids()) - before
+
+
+def _mem_fixture():
+    "A few train-project records of the CPU corpus (the mem trainer's own fixture)."
+    from pixrl.mem.corpus import split_by_project
+    from pixrl.mem.model import VAL_FRACTION
+    from pixrl.mem.train import MemTrainConfig, cpu_corpus
+    train, _ = split_by_project(cpu_corpus(MemTrainConfig(seed=0))[0], VAL_FRACTION, 0)
+    return train[:8]

@@ -2,6 +2,7 @@
 
 # %% ../../nbs/mem/22a_mem_rollout.ipynb #a3f05e6d
 from __future__ import annotations
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, TYPE_CHECKING
@@ -9,6 +10,7 @@ from typing import Sequence, TYPE_CHECKING
 import torch
 
 from .env import MemEpisode, TURN_STOP, TURN_HEADER, ANSWER_HEADER
+from ..vllm import VLLMServer, merged_copy, vllm_versions, weights_version, write_serving_copy
 
 if TYPE_CHECKING:   # annotations only: pixrl.mem.train imports this module
     from pixrl.mem.train import MemTrainConfig
@@ -84,36 +86,44 @@ class HFPolicy:
 
 # %% ../../nbs/mem/22a_mem_rollout.ipynb #8489196a
 class VLLMPolicy(HFPolicy):
-    """vLLM backend (GPU; untested on the CPU machine): base model in vLLM with `enable_lora`, the current adapter
-    saved to a scratch directory and mounted by a fresh `LoRARequest` id on every `sync()`."""
+    "vLLM backend (CPU or GPU): `generate` through a `pixrl.vllm.VLLMServer` that holds the policy's current weights."
     def __init__(self, model, tokenizer, cfg: MemTrainConfig):
         super().__init__(model, tokenizer, cfg.max_prompt_tokens, cfg.max_response_tokens)
-        from vllm import LLM                                  # guarded: only on GPU machines
-        base = getattr(model, "base_model", model).config._name_or_path
-        self.llm = LLM(model=base, enable_lora=True, max_lora_rank=cfg.lora_r,
-                       max_model_len=cfg.max_prompt_tokens + cfg.max_response_tokens, seed=cfg.seed)
-        import tempfile
-        self.adapter_dir = Path(tempfile.mkdtemp(prefix="pixrl-mem-lora-"))
-        self.version = 0
+        work = Path(tempfile.mkdtemp(prefix="pixrl-mem-vllm-"))
+        tokenizer.save_pretrained(work / "tokenizer_src")
+        copy = write_serving_copy(merged_copy(model), work / "tokenizer_src", work)
+        self.server = VLLMServer(copy.model_dir, copy.tokenizer_dir, dtype="float32", seed=cfg.seed,
+                                 max_model_len=min(cfg.max_prompt_tokens + cfg.max_response_tokens,
+                                                   model.config.max_position_embeddings),
+                                 log_path=work / "server.log").start()
+        self.synced = weights_version(model)
 
-    def sync(self):
-        self.model.save_pretrained(self.adapter_dir)
-        self.version += 1
+    def sync(self) -> None:
+        "Load the model's current (merged) weights into the server if they changed since the last load."
+        if weights_version(self.model) != self.synced:
+            self.server.load_weights(merged_copy(self.model))
+            self.synced = weights_version(self.model)
 
-    def generate(self, prompts, temperature=1.0, top_p=1.0, seed=0, max_new_tokens=None):
-        from vllm import SamplingParams
-        from vllm.lora.request import LoRARequest
+    def generate(self, prompts, temperature=1.0, top_p=1.0, seed=0, max_new_tokens=None) -> list[Gen]:
+        if not prompts:
+            return []
         self.sync()
-        sp = SamplingParams(temperature=temperature, top_p=top_p, seed=seed, max_tokens=max_new_tokens or self.max_response_tokens,
-                            stop=[TURN_STOP], include_stop_str_in_output=True)
         enc = [self.encode(p) for p in prompts]
-        outs = self.llm.generate([dict(prompt_token_ids=i) for i, _ in enc], sp,
-                                 lora_request=LoRARequest("pixrl-mem", self.version, str(self.adapter_dir)))
-        return [Gen(i, list(o.outputs[0].token_ids), o.outputs[0].text, tr) for (i, tr), o in zip(enc, outs)]
+        outs = self.server.generate_groups([i for i, _ in enc], 1, seed=seed, temperature=temperature, top_p=top_p,
+                                           max_tokens=max_new_tokens or self.max_response_tokens,
+                                           stop_token_ids=self.stop_ids, logprobs=False)
+        gens = []
+        for (i, trunc), (c,) in zip(enc, outs):
+            comp = cut_at_stop(c.token_ids, self.stop_ids)
+            gens.append(Gen(i, comp, self.tokenizer.decode(comp, skip_special_tokens=True), trunc))
+        return gens
+
+    def close(self) -> None:
+        self.server.close()
 
 # %% ../../nbs/mem/22a_mem_rollout.ipynb #529b2352
 def make_policy(model, tokenizer, cfg: MemTrainConfig):
-    "The generation backend for `cfg.backend` (auto: vLLM when CUDA + vllm are available, else HF)."
+    "The generation backend for `cfg.backend` (auto: vLLM when CUDA and vLLM's environment are present, else HF)."
     backend = cfg.backend
     if backend == "auto":
         backend = "vllm" if torch.cuda.is_available() and _vllm_available() else "hf"
@@ -123,10 +133,10 @@ def make_policy(model, tokenizer, cfg: MemTrainConfig):
 
 def _vllm_available() -> bool:
     try:
-        import vllm  # noqa: F401
-        return True
-    except Exception:
+        vllm_versions()
+    except ValueError:
         return False
+    return True
 
 # %% ../../nbs/mem/22a_mem_rollout.ipynb #6d1a0664
 @dataclass

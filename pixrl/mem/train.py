@@ -15,6 +15,7 @@ from ..advantage import credit_advantage, final_turn_advantage, ADVANTAGES
 from .env import TURN_HEADER, ANSWER_HEADER
 from . import corpus as mem_corpus
 from ..tracking import REPORT_TO, Tracker, check_report_to, tracker_dir
+from ..vllm import vllm_versions
 from ..core import Accepts, check_fields, setting, rank, world_size, is_main_rank, params_digest, refuse_old_names, upgrade_names
 from .rollout import (
     Gen, left_pad, cut_at_stop, HFPolicy, VLLMPolicy, make_policy, Trajectory, rollout, resolve_model_path, load_lora_policy)
@@ -87,7 +88,7 @@ class MemTrainConfig:
     micro_batch_rows: int = setting(64, ge=1)                                     # rows per forward/backward (gradient accumulation)
     turn_header: str = setting("Memory turn.\n", min_len=1)                       # memory-turn instructions (CPU: the tiny model's 3-token header; GPU: env.TURN_HEADER)
     answer_header: str = setting("Answer.\n", min_len=1)                          # answer-turn instructions (GPU: env.ANSWER_HEADER)
-    backend: str = setting("auto", choices=BACKENDS)                              # "hf" | "vllm" | "auto" (vLLM when CUDA and vllm are present)
+    backend: str = setting("auto", choices=BACKENDS)                              # "hf" | "vllm" (pixrl.vllm's server, any device) | "auto" (vLLM when CUDA and make vllm-env's environment are present)
     threads: int = setting(1, ge=1)                                               # torch CPU threads (1 is fastest on a shared 2-core machine)
     seed: int = setting(0, ge=0)                                                  # seeds the corpus, the rollouts and the LoRA init
     report_to: str = setting("none", choices=REPORT_TO, check=check_report_to)    # step-metric tracker (pixrl.tracking): none | trackio | tensorboard (its package installed), in <run_dir>/tracking/
@@ -106,6 +107,8 @@ class MemTrainConfig:
         lo, hi = self.chunks_per_doc
         if lo > hi:
             raise ValueError(f"chunks_per_doc={self.chunks_per_doc!r}: lo > hi; accepted: a (lo, hi) pair with 1 <= lo <= hi")
+        if self.backend == "vllm":
+            vllm_versions()                        # vLLM asked for where it is not installed: named, before anything runs
         return self
 
 # %% ../../nbs/mem/22_mem_train.ipynb #dd0a1126
@@ -444,8 +447,10 @@ class MemTrainerBase:
                     params_digest=params_digest(self.model), params_digest_start=self.params_digest_start)
 
     def close(self) -> None:
-        "End the tracker's run (nothing to do for report_to='none')."
+        "End the tracker's run (nothing to do for report_to='none') and stop the policy's server (backend vllm)."
         self.tracker.close()
+        if isinstance(self.policy, VLLMPolicy):
+            self.policy.close()
 
 # %% ../../nbs/mem/22_mem_train.ipynb #03a9432b
 class MemGRPOTrainer(MemTrainerBase):

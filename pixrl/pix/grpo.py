@@ -17,16 +17,16 @@ from .prompt import prompt_text, user_turn, thinking_kwargs
 from .reward import make_reward_fn, DEFAULT_REWARD
 from ..tracking import append_progress, progress_row, trl_report_args
 from ..core import rank, world_size, is_main_rank, params_digest   # the process helpers (00_core); re-exported here
-from ..vllm import VLLM_MODES, VLLMServer, sampled_logprob_gap, vllm_versions, write_serving_copy
+from ..vllm import VLLM_MODES, VLLMServer, merged_copy, sampled_logprob_gap, vllm_versions, write_serving_copy
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 datasets.disable_progress_bars()
 
 # %% auto #0
-__all__ = ['VLLM_LOGPROB_TOL', 'replay_mix', 'rl_dataset', 'sft_dataset', 'per_device_batch', 'merged_copy', 'PixGRPOTrainer',
-           'PixSFTTrainer', 'PeriodicProbe', 'time_shares', 'prompt_groups', 'rollout_seed', 'server_rollouts',
-           'rank_record', 'ProgressLog', 'has_cuda', 'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint',
-           'grpo_config', 'start_rollout_server', 'run_grpo', 'run_sft']
+__all__ = ['VLLM_LOGPROB_TOL', 'replay_mix', 'rl_dataset', 'sft_dataset', 'per_device_batch', 'PixGRPOTrainer', 'PixSFTTrainer',
+           'PeriodicProbe', 'time_shares', 'prompt_groups', 'rollout_seed', 'server_rollouts', 'rank_record',
+           'ProgressLog', 'has_cuda', 'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint', 'grpo_config',
+           'start_rollout_server', 'run_grpo', 'run_sft']
 
 # %% ../../nbs/pix/07_grpo.ipynb #4c55cd8b
 def replay_mix(tasks: list, replay_tasks: list, replay_share: float, seed: int = 0) -> list:
@@ -71,15 +71,6 @@ def per_device_batch(global_batch: int) -> int:
     return global_batch // n
 
 # %% ../../nbs/pix/07_grpo.ipynb #014c6b9d
-def merged_copy(model):
-    "A plain copy of a peft LoRA `model` with each adapter folded into its weight (W + (α/r)·B·A); any other model: itself."
-    if not hasattr(model, "merge_and_unload"):
-        return model
-    plain = copy.deepcopy(model).merge_and_unload()
-    for m in plain.modules():   # an instance-level forward (TRL's fused LM head) is a closure over the *original*
-        m.__dict__.pop("forward", None)   # model: copied, it would run the peft model; the class's forward runs the copy
-    return plain
-
 VLLM_LOGPROB_TOL = 1e-5   # mean |server − trainer| log-prob of the sampled tokens accepted after a sync
 
 class PixGRPOTrainer(GRPOTrainer):
