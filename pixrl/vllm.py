@@ -148,7 +148,7 @@ def vllm_argv(model_dir, tokenizer_dir, *, port: int, host: str = "127.0.0.1", n
             "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed),
             "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--no-enable-chunked-prefill",
             "--generation-config", "vllm"]
-    if enforce_eager:
+    if enforce_eager or os.environ.get("PIXRL_VLLM_EAGER") == "1":
         argv.append("--enforce-eager")
     if lora_modules:
         rank = min((r for r in LORA_RANKS if r >= max_lora_rank), default=None)

@@ -463,7 +463,12 @@ def cli_main(argv: list[str] | None = None) -> int:
     "Entry point of `pixrl campaign ...` / `python -m pixrl.pix.campaign ...`."
     a = _parser().parse_args(argv)
     if a.cmd == "stage":
-        run_stage(a.run_dir, a.stage, a.report_to)
+        from pixrl.pix.grpo import CpuShare
+        share = CpuShare()                             # the stage's share of the cores, its probes included
+        try:
+            run_stage(a.run_dir, a.stage, a.report_to)
+        finally:
+            share.release()
         if world_size() > 1:                      # a rank of `accelerate launch`: exit past gloo's teardown
             exit_launched_rank(0)
         return 0

@@ -16,7 +16,7 @@ from .policy import load_policy, save_policy, Policy, format_answer
 from .prompt import prompt_text, user_turn, thinking_kwargs
 from .reward import make_reward_fn, DEFAULT_REWARD
 from ..tracking import append_progress, progress_row, trl_report_args
-from ..core import rank, world_size, is_main_rank, params_digest   # the process helpers (00_core); re-exported here
+from ..core import cache_dir, rank, world_size, is_main_rank, params_digest   # the process helpers (00_core); re-exported here
 from ..vllm import VLLM_MODES, VLLMServer, merged_copy, sampled_logprob_gap, vllm_versions, write_serving_copy
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -24,9 +24,9 @@ datasets.disable_progress_bars()
 
 # %% auto #0
 __all__ = ['VLLM_LOGPROB_TOL', 'replay_mix', 'rl_dataset', 'sft_dataset', 'per_device_batch', 'PixGRPOTrainer', 'PixSFTTrainer',
-           'PeriodicProbe', 'time_shares', 'prompt_groups', 'rollout_seed', 'server_rollouts', 'rank_record',
-           'ProgressLog', 'has_cuda', 'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint', 'grpo_config',
-           'start_rollout_server', 'run_grpo', 'run_sft']
+           'PeriodicProbe', 'time_shares', 'CpuShare', 'prompt_groups', 'rollout_seed', 'server_rollouts',
+           'rank_record', 'ProgressLog', 'has_cuda', 'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint',
+           'grpo_config', 'start_rollout_server', 'run_grpo', 'run_sft']
 
 # %% ../../nbs/pix/07_grpo.ipynb #4c55cd8b
 def replay_mix(tasks: list, replay_tasks: list, replay_share: float, seed: int = 0) -> list:
@@ -145,6 +145,59 @@ def time_shares(log_history: list[dict]) -> dict:
     ev = sum(r.get("time/evaluation_s", 0.0) for r in rows)
     return {"generation": gen / tot, "evaluation": ev / tot, "optimisation": max(0.0, tot - gen - ev) / tot,
             "step_s": tot / len(rows), "steps": len(rows)}
+
+# %% ../../nbs/pix/07_grpo.ipynb #cpushare1
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:                            # alive, another user's
+        return True
+    return True
+
+class CpuShare(TrainerCallback):
+    "Torch threads = this process's cores // the pixrl stages running now (re-read each step); see above."
+    def __init__(self, lease_dir=None):
+        self.dir = Path(lease_dir) if lease_dir else cache_dir("cpu_leases")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.lease = self.dir / str(os.getpid())
+        self.owned = not self.lease.exists()          # an outer holder (the campaign's stage process) keeps its lease
+        self.lease.touch()
+        self.threads = None
+        self.apply()
+
+    def stages(self) -> int:
+        "The pixrl stages holding a lease now (this one included); dead holders' leases are removed."
+        live = 0
+        for f in self.dir.iterdir():
+            if not f.name.isdigit():
+                continue
+            if _alive(int(f.name)):
+                live += 1
+            else:
+                f.unlink(missing_ok=True)
+        return max(1, live)
+
+    def apply(self) -> int:
+        "Set torch's threads to this stage's share of the cores (`PIXRL_CPU_SHARE=0`: torch's default); returns it."
+        if os.environ.get("PIXRL_CPU_SHARE", "1") == "0":
+            return torch.get_num_threads()
+        threads = max(1, len(os.sched_getaffinity(0)) // self.stages())
+        if threads != self.threads:
+            torch.set_num_threads(threads)
+            self.threads = threads
+        return threads
+
+    def release(self) -> None:
+        if self.owned:
+            self.lease.unlink(missing_ok=True)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.apply()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.release()
 
 # %% ../../nbs/pix/07_grpo.ipynb #9b0a4f85
 def prompt_groups(prompt_ids: list, num_generations: int) -> list:
@@ -389,14 +442,16 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate:
                       chat_template_kwargs=thinking_kwargs(policy.processor or policy.tokenizer, thinking),
                       report_to=report_to, project=project, run_name=run_name)
     server = start_rollout_server(policy, model_dir, out_dir, seed) if vllm_mode == "server" else None
+    share = CpuShare()
     try:
         trainer = PixGRPOTrainer(model=policy.model, reward_funcs=reward_fn, args=cfg,
                                  train_dataset=rl_dataset(policy, rows), processing_class=policy.processor or policy.tokenizer,
-                                 peft_config=lora_config(lora_r), callbacks=list(callbacks), fast_rollouts=fast_rollouts,
+                                 peft_config=lora_config(lora_r), callbacks=[*callbacks, share], fast_rollouts=fast_rollouts,
                                  vllm_server=server, vllm_logprob_tol=vllm_logprob_tol)
         trainer.remove_callback(PrinterCallback)  # metrics go to metrics.json, not stdout
         out = _train_resumable(trainer, policy, out_dir, {"stage": "grpo", "steps": steps})
     finally:
+        share.release()
         if server is not None:
             server.close()
     return {**out, "time_shares": time_shares(out["log_history"]), "n_rows": len(rows)}
@@ -424,9 +479,13 @@ def run_sft(model_dir: str, tasks: list, out_dir, *, epochs: float | None = None
     args = _common_args(out_dir, max_steps, learning_rate, seed, save_steps, report_to, project, run_name)
     cfg = SFTConfig(**args, num_train_epochs=epochs, per_device_train_batch_size=per_device_batch(batch_size),
                     completion_only_loss=True, max_length=None, packing=False)
+    share = CpuShare()
     trainer = PixSFTTrainer(model=policy.model, args=cfg, train_dataset=sft_dataset(policy, tasks),
                          processing_class=policy.processor or policy.tokenizer, peft_config=lora_config(lora_r),
-                         callbacks=list(callbacks))
+                         callbacks=[*callbacks, share])
     trainer.remove_callback(PrinterCallback)
-    out = _train_resumable(trainer, policy, out_dir, {"stage": "sft", "epochs": epochs})
+    try:
+        out = _train_resumable(trainer, policy, out_dir, {"stage": "sft", "epochs": epochs})
+    finally:
+        share.release()
     return {**out, "n_rows": len(tasks)}
