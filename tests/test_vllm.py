@@ -67,7 +67,7 @@ def test_every_committed_model_has_the_same_ids_through_autotokenizer(name, tmp_
         assert theirs(t, add_special_tokens=False)["input_ids"] == ours(t, add_special_tokens=False)["input_ids"], t
     assert theirs.chat_template
     folder = AutoTokenizer.from_pretrained(src)                     # the folder itself: qwen2 → Qwen2Tokenizer
-X
+    if name.startswith("pixrl-base"):                               # the bases' numbers are multi-digit tokens there
         assert folder("rect(407, 12, 3)")["input_ids"] != ours("rect(407, 12, 3)")["input_ids"]
 
 
