@@ -12,8 +12,9 @@ import numpy as np
 # %% auto #0
 __all__ = ['EPS_STD', 'EPS_STD_TRL', 'ADVANTAGES', 'check_alpha', 'pad_ragged', 'trajectory_advantage', 'turn_advantage',
            'two_baseline_advantage', 'final_turn_advantage', 'trajectory_advantage_reference',
-           'credit_advantage_reference', 'two_baseline_advantage_reference', 'dedup_turn_advantage',
-           'anchor_step_advantage', 'credit_advantage', 'group_advantage']
+           'discounted_returns_reference', 'episode_rows_reference', 'credit_advantage_reference',
+           'two_baseline_advantage_reference', 'dedup_turn_advantage', 'anchor_step_advantage', 'check_gamma',
+           'discounted_returns', 'episode_advantage_rows', 'credit_advantage', 'answer_advantage', 'group_advantage']
 
 # %% ../nbs/05_advantage.ipynb #baedb3e5
 EPS_STD = 1e-6       # verl's epsilon for std-normalised GRPO advantages (mem line)
@@ -113,21 +114,45 @@ def trajectory_advantage_reference(r_traj, std_norm: bool = False) -> list[float
     return [(x - mean_traj) / (std_traj + EPS_STD) if std_norm else x - mean_traj for x in r_traj]
 
 
-def credit_advantage_reference(name, r_traj, r_update, anchors=None, alpha=0.9, omega=1.0, std_norm=False):
+def discounted_returns_reference(row, gamma: float) -> list[float]:
+    "Plain-loop step return of one rollout: R_t = Σ_{k ≥ t} γ^(k−t) r_k."
+    return [sum(gamma ** (k - t) * row[k] for k in range(t, len(row))) for t in range(len(row))]
+
+
+def episode_rows_reference(r_traj, lengths, std_norm: bool = False) -> list[float]:
+    """Plain-loop verl-agent episode advantage: mean and Bessel std over the group's step rows (rollout g's reward
+    written T_g times); a group of one row has mean 0 and std 1."""
+    rows = [r_traj[g] for g in range(len(r_traj)) for _ in range(lengths[g])]
+    if len(rows) == 1:
+        mean, std = 0.0, 1.0
+    else:
+        mean = sum(rows) / len(rows)
+        std = math.sqrt(sum((x - mean) ** 2 for x in rows) / (len(rows) - 1))
+    return [(x - mean) / (std + EPS_STD) if std_norm else x - mean for x in r_traj]
+
+
+def credit_advantage_reference(name, r_traj, r_update, anchors=None, alpha=0.9, omega=1.0, std_norm=False, gamma=0.0):
     """Plain-loop reference for every credit assignment of `credit_advantage` (below): "two_baseline" (the
-    per-step baseline over the rollouts active at t), "dedup" and "gigpo". Slow, obvious; used only by tests."""
+    per-step baseline over the rollouts active at t), "dedup", "gigpo" and "gigpo_verl". Slow, obvious; used only by tests."""
     alpha = check_alpha(alpha)
     r_traj = [float(x) for x in r_traj]
     r_update = [[float(x) for x in row] for row in r_update]
     G = len(r_traj)
+    gigpo = name in ("gigpo", "gigpo_verl")
+    if gigpo:                            # GiGPO compares step returns (γ = 0: each turn's own reward)
+        r_update = [discounted_returns_reference(row, gamma) for row in r_update]
+    if name == "gigpo_verl":
+        a_traj = episode_rows_reference(r_traj, [len(row) for row in r_update], std_norm)
+    else:
+        a_traj = trajectory_advantage_reference(r_traj, std_norm)
+    ddof = 1 if name == "gigpo_verl" else 0
     out = []
     for g in range(G):
-        a_traj = trajectory_advantage_reference(r_traj, std_norm)[g]
         row = []
         for t in range(len(r_update[g])):
             if name == "two_baseline":   # the rollouts active at step t
                 peers = [r_update[h][t] for h in range(G) if len(r_update[h]) > t]
-            elif name == "gigpo":        # every step of the group with the same anchor state
+            elif gigpo:                  # every step of the group with the same anchor state
                 peers = [r_update[h][s] for h in range(G) for s in range(len(r_update[h])) if anchors[h][s] == anchors[g][t]]
             else:                        # dedup: each rollout's turns weighted 1 / T_h
                 peers = None
@@ -136,11 +161,14 @@ def credit_advantage_reference(name, r_traj, r_update, anchors=None, alpha=0.9, 
                 spread = math.sqrt(sum((x - b) ** 2 / len(r) for r in r_update for x in r) / G)
             else:
                 b = sum(peers) / len(peers)
-                spread = math.sqrt(sum((x - b) ** 2 for x in peers) / len(peers))
+                if len(peers) > ddof:
+                    spread = math.sqrt(sum((x - b) ** 2 for x in peers) / (len(peers) - ddof))
+                else:                    # verl-agent: a step alone in its anchor group has std 1
+                    spread = 1.0
             a = r_update[g][t] - b
             if std_norm:
                 a /= spread + EPS_STD
-            row.append(a_traj + omega * a if name == "gigpo" else alpha * a_traj + (1 - alpha) * a)
+            row.append(a_traj[g] + omega * a if gigpo else alpha * a_traj[g] + (1 - alpha) * a)
         out.append(np.array(row))
     return out
 
@@ -149,11 +177,7 @@ def two_baseline_advantage_reference(r_traj, r_update, alpha: float = 0.9, std_n
     "Plain-loop reference for `two_baseline_advantage` (slow, obvious; used only by tests)."
     return credit_advantage_reference("two_baseline", r_traj, r_update, alpha=alpha, std_norm=std_norm)
 
-
 # %% ../nbs/05_advantage.ipynb #ad7e0002
-ADVANTAGES = ("two_baseline", "dedup", "gigpo")   # credit assignments of the memory turns, by name
-
-
 def dedup_turn_advantage(r_update: Sequence[Sequence[float]], std_norm: bool = False) -> list[np.ndarray]:
     """Â(g, t) = r_update(g, t) − b, b = mean over rollouts of each rollout's mean turn reward (every rollout
     weighted once, whatever its length T_g). With `std_norm`, divided by the rollout-weighted std + 1e-6."""
@@ -170,10 +194,11 @@ def dedup_turn_advantage(r_update: Sequence[Sequence[float]], std_norm: bool = F
 
 
 def anchor_step_advantage(r_update: Sequence[Sequence[float]], anchors: Sequence[Sequence],
-                          std_norm: bool = False) -> list[np.ndarray]:
-    """GiGPO's step advantage: Â(g, t) = r_update(g, t) − mean of r_update over all steps of the group whose
-    anchor equals anchors[g][t] (any hashable: the observable state of the step). With `std_norm`, divided by
-    that anchor group's population std + 1e-6. A step alone in its anchor group gets 0."""
+                          std_norm: bool = False, ddof: int = 0) -> list[np.ndarray]:
+    """GiGPO's step advantage (arXiv 2505.10978 Eq. 7): Â(g, t) = r_update(g, t) − mean of r_update over all steps
+    of the group whose anchor equals anchors[g][t] (any hashable: the observable state of the step). With
+    `std_norm`, divided by that anchor group's std (`ddof` 0: population, pixrl; 1: Bessel, verl-agent, whose
+    anchor group of one step has std 1) + 1e-6. A step alone in its anchor group gets 0."""
     rows = _as_ragged(r_update)
     if len(anchors) != len(rows) or any(len(a) != len(r) for a, r in zip(anchors, rows)):
         raise ValueError(f"anchors must match r_update turn for turn: lengths {[len(a) for a in anchors]} vs "
@@ -182,7 +207,7 @@ def anchor_step_advantage(r_update: Sequence[Sequence[float]], anchors: Sequence
     for g, r in enumerate(rows):
         for t, v in enumerate(r):
             groups.setdefault(anchors[g][t], []).append(v)
-    stats = {k: (np.mean(v), np.std(v)) for k, v in groups.items()}   # anchor → (mean, population std)
+    stats = {k: (np.mean(v), np.std(v, ddof=ddof) if len(v) > ddof else 1.0) for k, v in groups.items()}  # anchor → (mean, std)
     out = []
     for g, r in enumerate(rows):
         mean = np.array([stats[a][0] for a in anchors[g]])             # (T_g,)
@@ -192,30 +217,88 @@ def anchor_step_advantage(r_update: Sequence[Sequence[float]], anchors: Sequence
         out.append(adv)
     return out
 
+# %% ../nbs/05_advantage.ipynb #cfb96309
+def check_gamma(gamma) -> float:
+    "Validate GiGPO's discount γ ∈ [0, 1] (bools and NaN rejected); return it as a float."
+    if isinstance(gamma, (bool, np.bool_)) or not isinstance(gamma, numbers.Real) or not 0.0 <= float(gamma) <= 1.0:
+        raise ValueError(f"gamma must be a real number in [0, 1] (0 = each turn's own reward, verl-agent's "
+                         f"examples: 0.95); got {gamma!r}")
+    return float(gamma)
+
+
+def discounted_returns(r_update: Sequence[Sequence[float]], gamma: float) -> list[np.ndarray]:
+    """GiGPO's step return (arXiv 2505.10978 Eq. 5) for G ragged rollouts: R(g, t) = Σ_{k ≥ t} γ^(k−t) r_update(g, k).
+    γ = 0 gives r_update itself, γ = 1 the undiscounted reward-to-go."""
+    gamma = check_gamma(gamma)
+    out = []
+    for r in _as_ragged(r_update):
+        k = np.arange(len(r))                                          # (T,)
+        lag = np.clip(k[None, :] - k[:, None], 0, None)               # (T, T) k − t where k ≥ t, else 0
+        disc = np.triu(gamma ** lag.astype(float))                     # (T, T) γ^(k−t) for k ≥ t, 0 below (0^0 = 1)
+        out.append(disc @ r)                                           # (T,)
+    return out
+
+
+def episode_advantage_rows(r_traj, lengths: Sequence[int], std_norm: bool = False) -> np.ndarray:
+    """verl-agent's GiGPO episode advantage (G,): the baseline (and, with `std_norm`, the Bessel std + 1e-6) over the
+    group's step rows, rollout g's r_traj counted `lengths[g]` = T_g times; a group of one row has mean 0, std 1
+    (its raw reward is its advantage)."""
+    r = _as_vector("r_traj", r_traj)                                   # (G,)
+    T = np.asarray(lengths)
+    if T.shape != r.shape or not np.issubdtype(T.dtype, np.integer) or np.any(T < 1):
+        raise ValueError(f"lengths must hold one turn count ≥ 1 per rollout ({r.size} rollouts); got {list(lengths)}")
+    rows = np.repeat(r, T)                                             # (Σ T_g,) one row per turn
+    mean, std = (0.0, 1.0) if rows.size == 1 else (rows.mean(), rows.std(ddof=1))
+    adv = r - mean                                                     # (G,)
+    if std_norm:
+        adv = adv / (std + EPS_STD)
+    return adv
+
+# %% ../nbs/05_advantage.ipynb #90a4ea04
+ADVANTAGES = ("two_baseline", "dedup", "gigpo", "gigpo_verl")   # credit assignments of the memory turns, by name
+
 
 def credit_advantage(name: str, r_traj, r_update, anchors=None, alpha: float = 0.9, omega: float = 1.0,
-                     std_norm: bool = False) -> list[np.ndarray]:
+                     std_norm: bool = False, gamma: float = 0.0) -> list[np.ndarray]:
     """The memory turns' advantages under credit assignment `name` (G arrays, array g (T_g,)):
     "two_baseline": α·Â_traj + (1−α)·Â_turn (the paper); "dedup": α·Â_traj + (1−α)·`dedup_turn_advantage`;
-    "gigpo": Â_traj + ω·`anchor_step_advantage` (needs `anchors`, G ragged sequences of hashables)."""
+    "gigpo": Â_traj + ω·`anchor_step_advantage` of the step returns `discounted_returns(r_update, γ)` (needs
+    `anchors`, G ragged sequences of hashables); "gigpo_verl": verl-agent's form, `episode_advantage_rows` + ω·the
+    step term with ddof 1. α ∈ [0, 1], ω ≥ 0, γ ∈ [0, 1]."""
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage {name!r}; accepted: {ADVANTAGES}")
+    gamma = check_gamma(gamma)
     if name == "two_baseline":
         return two_baseline_advantage(r_traj, r_update, alpha, std_norm)
-    a_traj = trajectory_advantage(r_traj, std_norm)                     # (G,)
-    rows = _as_ragged(r_update, G=len(a_traj))
+    r = _as_vector("r_traj", r_traj)                                    # (G,)
+    rows = _as_ragged(r_update, G=len(r))
     if name == "dedup":
         alpha = check_alpha(alpha)
+        a_traj = trajectory_advantage(r, std_norm)                      # (G,)
         a_turn = dedup_turn_advantage(rows, std_norm)
-        return [alpha * a_traj[g] + (1.0 - alpha) * a_turn[g] for g in range(len(a_traj))]
+        return [alpha * a_traj[g] + (1.0 - alpha) * a_turn[g] for g in range(len(r))]
     if anchors is None:
-        raise ValueError("advantage 'gigpo' needs anchors (one hashable per memory turn)")
+        raise ValueError(f"advantage {name!r} needs anchors (one hashable per memory turn)")
     if isinstance(omega, bool) or not isinstance(omega, numbers.Real) or not math.isfinite(omega) or omega < 0:
         raise ValueError(f"omega must be a finite real ≥ 0; got {omega!r}")
-    a_step = anchor_step_advantage(rows, anchors, std_norm)
-    return [a_traj[g] + omega * a_step[g] for g in range(len(a_traj))]
+    returns = discounted_returns(rows, gamma)                           # G × (T_g,)
+    if name == "gigpo":
+        a_ep = trajectory_advantage(r, std_norm)                        # (G,)
+        a_step = anchor_step_advantage(returns, anchors, std_norm)
+    else:
+        a_ep = episode_advantage_rows(r, [len(x) for x in rows], std_norm)  # (G,)
+        a_step = anchor_step_advantage(returns, anchors, std_norm, ddof=1)
+    return [a_ep[g] + omega * a_step[g] for g in range(len(r))]
 
 
+def answer_advantage(name: str, r_traj, lengths: Sequence[int], std_norm: bool = False) -> np.ndarray:
+    """(G,) advantage of each rollout's final-answer turn under credit assignment `name`: its episode term —
+    `episode_advantage_rows(r_traj, lengths)` for "gigpo_verl", Â_traj (`final_turn_advantage`) for the others."""
+    if name not in ADVANTAGES:
+        raise ValueError(f"unknown advantage {name!r}; accepted: {ADVANTAGES}")
+    if name == "gigpo_verl":
+        return episode_advantage_rows(r_traj, lengths, std_norm)
+    return final_turn_advantage(r_traj, std_norm)
 
 # %% ../nbs/05_advantage.ipynb #2e08f7ad
 def group_advantage(rewards, group_size: int, scale: str = "group") -> np.ndarray:

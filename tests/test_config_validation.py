@@ -9,7 +9,7 @@ import pytest
 from conftest import notebook_parameters
 from pixrl.pix.campaign import CampaignConfig, validate, cli_main, _parser
 from pixrl.core import Accepts, check_fields, field_accepts, setting, undeclared
-from pixrl.mem.train import MemTrainConfig, GPU_DEFAULTS
+from pixrl.mem.train import MemTrainConfig, GPU_DEFAULTS, PlateauRule
 from pixrl.pix.reward import REWARD_POLICIES
 
 NAN, INF = float("nan"), float("inf")
@@ -69,6 +69,7 @@ MEM_BAD = {
     "alpha": [1.5, -0.1, NAN, True, "0.9"],
     "advantage": ["gae", None],
     "omega": [-1.0, INF],
+    "gamma": [-0.1, 1.5, NAN, True, "0.95"],
     "std_norm": ["no", 0, None],
     "steps": [0, 2.5],
     "groups_per_step": [0, True],
@@ -158,6 +159,22 @@ def test_campaign_field_refused(name, bad, shown, tmp_path):
 def test_mem_field_refused(name, bad, shown):
     with pytest.raises(ValueError) as e:
         MemTrainConfig(**{name: bad}).validate()
+    msg = str(e.value)
+    assert name in msg and shown in msg and "accepted" in msg, msg
+
+
+PLATEAU_BAD = {"window": [0, 2.5], "min_delta": [-0.01, NAN], "patience": [0, -1, 1.5, True], "min_steps": [-1, "0"]}
+
+
+def test_every_plateau_field_has_bad_values():
+    assert list(PLATEAU_BAD) == [f.name for f in dataclasses.fields(PlateauRule)] and undeclared(PlateauRule) == []
+
+
+@pytest.mark.parametrize("name,bad,shown", list(_cases(PLATEAU_BAD)))
+def test_plateau_rule_field_refused(name, bad, shown):
+    "A stopping rule that cannot work (a patience below 1, a window of 0, ...) is refused naming the field and value."
+    with pytest.raises(ValueError) as e:
+        PlateauRule(**{name: bad}).validate()
     msg = str(e.value)
     assert name in msg and shown in msg and "accepted" in msg, msg
 

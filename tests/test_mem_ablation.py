@@ -1,11 +1,11 @@
 """mem ablation (`pixrl.mem.ablation`): the committed `runs/mem_ablation/` arm-seeds were saved before `MemTrainConfig`
-took TRL GRPOConfig's names (`group_size`, `lr`, …); they still read as finished records for the notebook's own
-parameters, so `make mem-ablation` over them skips every arm-seed instead of refusing the folder."""
+took TRL GRPOConfig's names (`group_size`, `lr`, …) and before `gamma`; they still read as finished records for the
+settings that run executed with, so a re-run of that ablation skips every arm-seed instead of refusing the folder."""
 import json
 from pathlib import Path
 
 from conftest import notebook_parameters
-from pixrl.mem.train import MemTrainConfig, RENAMED
+from pixrl.mem.train import MemTrainConfig, RENAMED, upgrade_saved_config
 from pixrl.mem.ablation import parse_arms, parse_seeds, arm_seed_dir, _done_record
 
 ROOT = Path(__file__).parents[1]
@@ -13,7 +13,8 @@ RUNS = ROOT / "runs" / "mem_ablation"
 
 
 def test_committed_arm_seeds_are_finished_records_under_the_new_names():
-    p = notebook_parameters(ROOT / "nbs" / "mem_ablation.ipynb")
+    "The committed ablation's records, written under the earlier names and before `gamma`, read as finished under the run's own settings."
+    p = upgrade_saved_config(notebook_parameters(ROOT / "runs" / "mem_ablation.ipynb"))   # the run's settings, today's names
     base = MemTrainConfig(model=p["model"], steps=p["steps"], learning_rate=p["learning_rate"],
                           groups_per_step=p["groups_per_step"], num_generations=p["num_generations"],
                           val_every=p["val_every"], val_questions=p["val_questions"]).validate()   # the notebook's base_cfg

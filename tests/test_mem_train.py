@@ -100,6 +100,15 @@ def test_mem_train_advantage_by_name():
     gi = [r.advantage for r in batch_rows(trajs, 0.9, advantage="gigpo", omega=1.0) if r.kind == "turn"]
     tb = [2 * r.advantage for r in batch_rows(trajs, 0.5, advantage="two_baseline") if r.kind == "turn"]
     assert gi == pytest.approx(tb)
+    # γ reaches the step term (each turn's discounted return), and gigpo_verl's answer turns get its row-weighted
+    # episode term, which differs from Â_traj once a group's rollouts have unequal lengths
+    trajs[0].turns = trajs[0].turns[:1]
+    trajs[0].rewards = dict(trajs[0].rewards, r_update=trajs[0].rewards["r_update"][:1])
+    assert [r.advantage for r in batch_rows(trajs, 0.9, advantage="gigpo", gamma=0.95)] != \
+        pytest.approx([r.advantage for r in batch_rows(trajs, 0.9, advantage="gigpo")])
+    verl_ans = [r.advantage for r in batch_rows(trajs, 0.9, advantage="gigpo_verl", gamma=0.95) if r.kind == "answer"]
+    ours_ans = [r.advantage for r in batch_rows(trajs, 0.9, advantage="gigpo", gamma=0.95) if r.kind == "answer"]
+    assert len({len(tr.turns) for tr in trajs[:3]}) > 1 and verl_ans != pytest.approx(ours_ans)
 
 
 @pytest.mark.parametrize("old,new", list(RENAMED.items()))

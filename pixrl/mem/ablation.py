@@ -9,39 +9,45 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..advantage import ADVANTAGES, check_alpha
+from ..advantage import ADVANTAGES, check_alpha, check_gamma
 from ..core import write_text_atomic, read_json, run_record
 from ..stats import seed_ci
-from .train import MemTrainConfig, MemGRPOTrainer, heldout_metrics, upgrade_saved_config
+from .train import MemTrainConfig, MemGRPOTrainer, PlateauRule, batch_rows, heldout_metrics, upgrade_saved_config
 
 # %% auto #0
 __all__ = ['NO_ALPHA', 'FINAL_KEYS', 'LAST10_TRAIN', 'WARM_KEYS', 'Arm', 'parse_arms', 'parse_seeds', 'arm_seed_dir',
-           'arm_seed_record', 'run_arm_seed', 'run_ablation', 'summarize', 'arm_table', 'collapse_test', 'compare_arms']
+           'arm_seed_record', 'run_arm_seed', 'run_ablation', 'gate_credit', 'summarize', 'arm_table', 'collapse_test',
+           'compare_arms']
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #7a253c63
-NO_ALPHA = ("gigpo",)   # credit assignments whose advantage has no α (Â = Â_traj + ω·Â_step)
+NO_ALPHA = ("gigpo", "gigpo_verl")   # credit assignments whose advantage has no α (Â = Â_traj + ω·Â_step)
 
 @dataclass(frozen=True)
 class Arm:
-    "One arm of the ablation: a credit assignment of the memory turns and its α."
+    "One arm of the ablation: a credit assignment of the memory turns, its α (or, for GiGPO, its γ)."
     advantage: str             # one of pixrl.advantage.ADVANTAGES
-    alpha: float | None        # α of two_baseline / dedup, in [0, 1]; None for gigpo
+    alpha: float | None        # α of two_baseline / dedup, in [0, 1]; None for gigpo, gigpo_verl
     omega: float = 1.0         # gigpo's ω (weight of the anchor-state step advantage)
+    gamma: float = 0.0         # gigpo's γ (discount of the step return; 0: the turn's own reward)
 
     @property
     def name(self) -> str:
-        "The arm's directory name: `two_baseline_a0.9`, `gigpo`."
-        return self.advantage if self.alpha is None else f"{self.advantage}_a{self.alpha:g}"
+        "The arm's directory name: `two_baseline_a0.9`, `gigpo`, `gigpo_verl_g0.95`."
+        if self.alpha is not None:
+            return f"{self.advantage}_a{self.alpha:g}"
+        return self.advantage + (f"_g{self.gamma:g}" if self.gamma else "")
 
     def config(self, base: MemTrainConfig, seed: int) -> MemTrainConfig:
         "`base` with this arm's credit assignment and `seed` (gigpo keeps base.alpha: its advantage does not read it)."
         alpha = base.alpha if self.alpha is None else self.alpha
-        return dataclasses.replace(base, advantage=self.advantage, alpha=alpha, omega=self.omega, seed=seed).validate()
+        return dataclasses.replace(base, advantage=self.advantage, alpha=alpha, omega=self.omega, gamma=self.gamma,
+                                   seed=seed).validate()
 
 
 def parse_arms(spec: str) -> list[Arm]:
-    """`"two_baseline:0.9,two_baseline:1.0,gigpo"` → [Arm, ...]. ValueError naming the bad part: an unknown
-    advantage, an α that is not a number in [0, 1], an α given to gigpo or missing for the others, a duplicate."""
+    """`"two_baseline:0.9,two_baseline:1.0,gigpo,gigpo_verl:g0.95"` → [Arm, ...]. ValueError naming the bad part: an
+    unknown advantage, an α that is not a number in [0, 1], an α given to gigpo / gigpo_verl (they take an optional
+    `g<γ>`, γ in [0, 1]) or missing for the others, a duplicate."""
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"arms must be a non-empty string like 'two_baseline:0.9,gigpo'; got {spec!r}")
     arms = []
@@ -50,9 +56,14 @@ def parse_arms(spec: str) -> list[Arm]:
         if name not in ADVANTAGES:
             raise ValueError(f"arm {part!r}: unknown advantage {name!r}; accepted: {ADVANTAGES}")
         if name in NO_ALPHA:
-            if a:
-                raise ValueError(f"arm {part!r}: {name} has no α (Â = Â_traj + ω·Â_step); write it as {name!r}")
-            arms.append(Arm(name, None))
+            if a and not a.startswith("g"):
+                raise ValueError(f"arm {part!r}: {name} has no α (Â = Â_traj + ω·Â_step); write it as {name!r}, "
+                                 f"or with the step return's discount γ as '{name}:g0.95'")
+            try:
+                gamma = float(a[1:]) if a else 0.0
+            except ValueError:
+                raise ValueError(f"arm {part!r}: γ {a[1:]!r} is not a number; accepted: a number in [0, 1]") from None
+            arms.append(Arm(name, None, gamma=check_gamma(gamma)))
             continue
         if not a:
             raise ValueError(f"arm {part!r}: {name} needs an α, e.g. '{name}:0.9'")
@@ -90,20 +101,21 @@ def arm_seed_dir(out_dir, arm: Arm, seed: int) -> Path:
 
 
 def arm_seed_record(arm: Arm, seed: int, cfg: MemTrainConfig, hist: pd.DataFrame, stop_reason: str, train_wall: float,
-                    final: dict) -> dict:
-    "The content of an arm-seed's `final.json`: what ran, how it stopped, `final` (held-out), the last 10 train steps."
+                    final: dict, plateau: PlateauRule | None = None) -> dict:
+    "The content of an arm-seed's `final.json`: what ran, how it stopped (and by which rule), `final` (held-out), the last 10 train steps."
     last = hist.tail(10)
     return dict(arm=arm.name, advantage=arm.advantage, alpha=arm.alpha, omega=arm.omega, seed=seed,
                 steps_planned=cfg.steps, steps_done=int(hist["step"].max()), stop_reason=stop_reason,
                 train_wall_s=round(train_wall, 1), final_val=final,
                 last10_train={k: float(last[c].mean()) for k, c in LAST10_TRAIN},
-                config=dataclasses.asdict(cfg))
+                config=dataclasses.asdict(cfg), plateau=None if plateau is None else dataclasses.asdict(plateau))
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #4e89b5a3
 def run_arm_seed(arm: Arm, seed: int, base: MemTrainConfig, train, val, out_dir, final_rollouts: int = 4,
-                 max_wall_s: float = 600.0, on_step=None, model=None, tokenizer=None) -> dict:
-    """Train one arm-seed for `base.steps` steps (no early stop: every arm gets the same budget; a wall-time cap
-    stops it and says so in `stop_reason`), then evaluate it on `val` (`heldout_metrics`, `final_rollouts` per
+                 max_wall_s: float = 600.0, on_step=None, model=None, tokenizer=None,
+                 plateau: PlateauRule | None = None) -> dict:
+    """Train one arm-seed for at most `base.steps` steps — until the validation reward's `plateau` when one is given
+    (the validations every `base.val_every` steps), a wall-time cap stops it too; `stop_reason` says which — then evaluate it on `val` (`heldout_metrics`, `final_rollouts` per
     record). Writes `metrics.csv` (one row per step) and, last and atomically, `final.json`; returns final.json's
     content. `on_step(step)` after every step (a test's interruption point)."""
     cfg = arm.config(base, seed)
@@ -116,6 +128,9 @@ def run_arm_seed(arm: Arm, seed: int, base: MemTrainConfig, train, val, out_dir,
         m = trainer.step()
         if on_step is not None:
             on_step(m["step"])
+        if plateau is not None and plateau.reached(trainer.history, m["step"]):
+            stop_reason = f"validation plateau at step {m['step']}"
+            break
         if time.time() - t0 > max_wall_s and m["step"] < cfg.steps:
             stop_reason = f"wall-time cap ({max_wall_s:.0f} s) at step {m['step']}"
             break
@@ -123,13 +138,14 @@ def run_arm_seed(arm: Arm, seed: int, base: MemTrainConfig, train, val, out_dir,
     final = heldout_metrics(trainer.policy, val, cfg, rollouts=final_rollouts)
     hist = pd.DataFrame(trainer.history)
     write_text_atomic(d / "metrics.csv", hist.to_csv(index=False))
-    out = arm_seed_record(arm, seed, cfg, hist, stop_reason, train_wall, final)
+    out = arm_seed_record(arm, seed, cfg, hist, stop_reason, train_wall, final, plateau)
     write_text_atomic(d / "final.json", json.dumps(out, indent=1, default=str))
     return out
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #903d9d09
-def _done_record(out_dir, arm: Arm, seed: int, base: MemTrainConfig) -> dict | None:
-    "The arm-seed's final record when it finished before (for this configuration, its config under today's names), else None."
+def _done_record(out_dir, arm: Arm, seed: int, base: MemTrainConfig, plateau: PlateauRule | None = None) -> dict | None:
+    """The arm-seed's final record when it finished before (for this configuration and stopping rule, its config under
+    today's names), else None."""
     f = arm_seed_dir(out_dir, arm, seed) / "final.json"
     if not f.exists():
         return None
@@ -140,6 +156,10 @@ def _done_record(out_dir, arm: Arm, seed: int, base: MemTrainConfig) -> dict | N
     if rec.get("config") != want:
         raise ValueError(f"{f} was written for another configuration ({rec.get('config')}); this ablation's is "
                          f"{want}: use another out_dir")
+    rule = None if plateau is None else dataclasses.asdict(plateau)
+    if rec.get("plateau") != rule:
+        raise ValueError(f"{f} was written under another stopping rule ({rec.get('plateau')}); this ablation's is "
+                         f"{rule}: use another out_dir")
     return rec
 
 
@@ -149,15 +169,16 @@ def _said(rec: dict) -> str:
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #c1cb129d
 def run_ablation(arms, seeds, base: MemTrainConfig, train, val, out_dir, final_rollouts: int = 4,
-                 max_wall_s: float = 600.0, on_step=None, log=print, workers: int = 1) -> dict:
+                 max_wall_s: float = 600.0, on_step=None, log=print, workers: int = 1,
+                 plateau: PlateauRule | None = None) -> dict:
     """Every arm × seed (seed-major), skipping arm-seeds whose `final.json` is already there (a damaged one is
-    refused: `CorruptRecord` names it). `workers` > 1: that many arm-seeds at a time, each in its own spawned
+    refused: `CorruptRecord` names it); each stops on `plateau` when one is given (`run_arm_seed`). `workers` > 1: that many arm-seeds at a time, each in its own spawned
     process (`base.threads` torch threads each); the numbers do not depend on it. Returns {arm name: {seed: record}}."""
     results = {arm.name: {} for arm in arms}
     todo = []
     for seed in seeds:
         for arm in arms:
-            rec = _done_record(out_dir, arm, seed, base)
+            rec = _done_record(out_dir, arm, seed, base, plateau)
             if rec is None:
                 todo.append((arm, seed))
             else:
@@ -167,7 +188,7 @@ def run_ablation(arms, seeds, base: MemTrainConfig, train, val, out_dir, final_r
         for arm, seed in todo:
             log(f"{arm.name} seed {seed}: training {base.steps} steps")
             rec = run_arm_seed(arm, seed, base, train, val, out_dir, final_rollouts, max_wall_s,
-                               on_step=(lambda s, a=arm, sd=seed: on_step(a, sd, s)) if on_step else None)
+                               on_step=(lambda s, a=arm, sd=seed: on_step(a, sd, s)) if on_step else None, plateau=plateau)
             log(_said(rec))
             results[arm.name][seed] = rec
         return results
@@ -178,13 +199,37 @@ def run_ablation(arms, seeds, base: MemTrainConfig, train, val, out_dir, final_r
         futures = {}
         for arm, seed in todo:
             log(f"{arm.name} seed {seed}: training {base.steps} steps (in a worker)")
-            futures[pool.submit(run_arm_seed, arm, seed, base, train, val, out_dir, final_rollouts, max_wall_s)] = (arm, seed)
+            futures[pool.submit(run_arm_seed, arm, seed, base, train, val, out_dir, final_rollouts, max_wall_s,
+                                plateau=plateau)] = (arm, seed)
         for fut in cf.as_completed(futures):
             arm, seed = futures[fut]
             rec = fut.result()
             log(_said(rec))
             results[arm.name][seed] = rec
     return results
+
+# %% ../../nbs/mem/24_mem_ablation.ipynb #77bc9a7b
+def gate_credit(trajs, advantage: str, alpha: float = 0.9, omega: float = 1.0, gamma: float = 0.0) -> pd.DataFrame:
+    """Per (evidence, decision) of the memory turns of `trajs`: n, mean and summed advantage under the credit assignment
+    `advantage` (as `batch_rows` computes it), the share of positive advantages, and `alone` — the share of turns whose
+    anchor state (prompt) is unique in its group. decision: "yes", "no" or "unparsed"."""
+    by_q = {}
+    for tr in trajs:
+        by_q.setdefault(tr.question, []).append(tr)
+    rows = []
+    for q in sorted(by_q):                                   # the order of batch_rows: question, then rollout, then turn
+        group = by_q[q]
+        adv = [r.advantage for r in batch_rows(group, alpha, False, advantage, omega, gamma) if r.kind == "turn"]
+        anchors = [tuple(t.prompt_ids) for tr in group for t in tr.turns]
+        count = {a: anchors.count(a) for a in set(anchors)}
+        decisions = [("unparsed" if c is None else "yes" if c else "no", bool(e))
+                     for tr in group for c, e in zip(tr.rewards["check"], tr.rewards["evidence"])]
+        rows += [dict(evidence=e, decision=d, adv=a, alone=count[k] == 1) for (d, e), a, k in zip(decisions, adv, anchors)]
+    df = pd.DataFrame(rows)
+    out = df.groupby(["evidence", "decision"]).agg(n=("adv", "size"), mean_adv=("adv", "mean"), sum_adv=("adv", "sum"),
+                                                   positive=("adv", lambda a: float((a > 0).mean())),
+                                                   alone=("alone", "mean"))
+    return out.reset_index()
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #fc2f3964
 WARM_KEYS = ("outcome_val", "format", "update_acc_free", "update_acc_evidence")

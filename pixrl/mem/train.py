@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from ..advantage import credit_advantage, final_turn_advantage, ADVANTAGES
+from ..advantage import credit_advantage, answer_advantage, ADVANTAGES
 from .env import TURN_HEADER, ANSWER_HEADER
 from . import corpus as mem_corpus
 from ..tracking import REPORT_TO, Tracker, check_report_to, tracker_dir
@@ -23,13 +23,13 @@ _all_ = ["Gen", "left_pad", "cut_at_stop", "HFPolicy", "VLLMPolicy", "make_polic
          "resolve_model_path", "load_lora_policy"]   # pixrl.mem.rollout's names, in this module's __all__ as before the split
 
 # %% auto #0
-__all__ = ['RENAMED', 'BACKENDS', 'GPU_DEFAULTS', 'VAL_KEYS', 'refuse_renamed', 'upgrade_saved_config', 'MemTrainConfig',
+__all__ = ['RENAMED', 'ADDED', 'BACKENDS', 'GPU_DEFAULTS', 'VAL_KEYS', 'refuse_renamed', 'upgrade_saved_config', 'MemTrainConfig',
            'cpu_corpus', 'Row', 'group_rows', 'batch_rows', 'pack_rows', 'completion_logprobs', 'clipped_token_loss',
            'k3_kl', 'trajectory_metrics', 'val_metrics', 'heldout_metrics', 'gate_probe', 'sum_over_ranks',
            'sum_grads_over_ranks', 'gather_over_ranks', 'row_logprobs', 'micro_batch_backward', 'ppo_update',
-           'rank_tracker', 'make_optimizer', 'format_metrics', 'plateaued', 'plateau_reached', 'MemTrainerBase',
-           'MemGRPOTrainer', 'Gen', 'left_pad', 'cut_at_stop', 'HFPolicy', 'VLLMPolicy', 'make_policy', 'Trajectory',
-           'rollout', 'resolve_model_path', 'load_lora_policy']
+           'rank_tracker', 'make_optimizer', 'format_metrics', 'PlateauRule', 'MemTrainerBase', 'MemGRPOTrainer', 'Gen',
+           'left_pad', 'cut_at_stop', 'HFPolicy', 'VLLMPolicy', 'make_policy', 'Trajectory', 'rollout',
+           'resolve_model_path', 'load_lora_policy']
 
 # %% ../../nbs/mem/22_mem_train.ipynb #d705056f
 RENAMED = {"questions_per_step": "groups_per_step", "group_size": "num_generations", "ppo_epochs": "num_iterations",
@@ -39,11 +39,14 @@ def refuse_renamed(given: Mapping, where: str = "MemTrainConfig") -> None:
     "TypeError naming each earlier field name in `given` (a key of `RENAMED`), its value and its new name (`pixrl.core.refuse_old_names`)."
     refuse_old_names(given, RENAMED, where)
 
+ADDED = {"gamma": 0.0}   # fields added since runs were recorded -> the value that reproduces what those runs did
+
 def upgrade_saved_config(saved: Mapping) -> dict:
     """`saved`, a MemTrainConfig dict written by an earlier run, under today's names: each key of `RENAMED` becomes
-    its new name in place (`pixrl.core.upgrade_names`); a ValueError when it holds one field under both of its names."""
-    return upgrade_names(saved, RENAMED, "a saved MemTrainConfig")
-
+    its new name in place (`pixrl.core.upgrade_names`; a ValueError when it holds one field under both of its names),
+    and a field added since (`ADDED`) gets the value that reproduces the earlier behaviour."""
+    upgraded = upgrade_names(saved, RENAMED, "a saved MemTrainConfig")
+    return {**upgraded, **{k: v for k, v in ADDED.items() if k not in upgraded}}
 
 # %% ../../nbs/mem/22_mem_train.ipynb #bd56fe84
 BACKENDS = ("hf", "vllm", "auto")   # generation backends of MemTrainConfig.backend
@@ -56,8 +59,9 @@ class MemTrainConfig:
     knobs carry TRL `GRPOConfig`'s names; an earlier name (`RENAMED`) is refused with its new one."""
     model: str = setting("pixrl-mem-base", min_len=1)                             # model id / path; "pixrl-mem-base" = the committed CPU default, "pixrl-mem-tiny" = the test fixture
     alpha: float = setting(0.9, ge=0, le=1)                                       # Â = α·Â_traj + (1−α)·Â_turn  (GRU-Mem §3.2.2); must be in [0, 1]
-    advantage: str = setting("two_baseline", choices=ADVANTAGES)                  # credit assignment of memory turns (pixrl.advantage.ADVANTAGES): two_baseline | dedup | gigpo
-    omega: float = setting(1.0, ge=0)                                             # gigpo only: Â = Â_traj + ω·Â_step (anchor = the turn's prompt)
+    advantage: str = setting("two_baseline", choices=ADVANTAGES)                  # credit assignment of memory turns (pixrl.advantage.ADVANTAGES): two_baseline | dedup | gigpo | gigpo_verl
+    omega: float = setting(1.0, ge=0)                                             # gigpo, gigpo_verl: Â = Â_traj + ω·Â_step (anchor = the turn's prompt)
+    gamma: float = setting(0.0, ge=0, le=1)                                       # gigpo, gigpo_verl: the step return Σ_k γ^k r_update(t+k) (GiGPO Eq. 5); 0 = the turn's own reward, verl-agent's examples 0.95
     std_norm: bool = setting(False)                                               # divide advantages by the group std (paper equations: no)
     steps: int = setting(50, ge=1)                                                # optimiser steps (= rollout batches)
     groups_per_step: int = setting(2, ge=1)                                       # questions per step, one group each (Table 3's "train batch size")
@@ -137,14 +141,14 @@ class Row:
     kind: str               # "turn" | "answer"
 
 def group_rows(trajs: Sequence[Trajectory], alpha: float, std_norm: bool = False, advantage: str = "two_baseline",
-               omega: float = 1.0) -> list[Row]:
+               omega: float = 1.0, gamma: float = 0.0) -> list[Row]:
     """Rows with advantages for the trajectories of ONE question (a group). `advantage` names the memory turns'
-    credit assignment (`credit_advantage`); a turn's anchor state for "gigpo" is its prompt."""
+    credit assignment (`credit_advantage`); a turn's anchor state for "gigpo" / "gigpo_verl" is its prompt."""
     r_traj = np.array([tr.rewards["r_traj"] for tr in trajs])                     # (G,)
     anchors = [[tuple(t.prompt_ids) for t in tr.turns] for tr in trajs]          # G × (T_g,)
     adv_turn = credit_advantage(advantage, r_traj, [tr.rewards["r_update"] for tr in trajs], anchors,
-                                alpha=alpha, omega=omega, std_norm=std_norm)       # G × (T_g,)
-    adv_ans = final_turn_advantage(r_traj, std_norm=std_norm)                     # (G,)
+                                alpha=alpha, omega=omega, std_norm=std_norm, gamma=gamma)  # G × (T_g,)
+    adv_ans = answer_advantage(advantage, r_traj, [len(tr.turns) for tr in trajs], std_norm)  # (G,)
     rows = []
     for g, tr in enumerate(trajs):
         assert len(adv_turn[g]) == len(tr.turns), (len(adv_turn[g]), len(tr.turns))
@@ -153,12 +157,12 @@ def group_rows(trajs: Sequence[Trajectory], alpha: float, std_norm: bool = False
     return rows
 
 def batch_rows(trajs: Sequence[Trajectory], alpha: float, std_norm: bool = False, advantage: str = "two_baseline",
-               omega: float = 1.0) -> list[Row]:
+               omega: float = 1.0, gamma: float = 0.0) -> list[Row]:
     "Rows of a whole step: groups are the trajectories sharing `question`."
     by_q = {}
     for tr in trajs:
         by_q.setdefault(tr.question, []).append(tr)
-    return [row for q in sorted(by_q) for row in group_rows(by_q[q], alpha, std_norm, advantage, omega)]
+    return [row for q in sorted(by_q) for row in group_rows(by_q[q], alpha, std_norm, advantage, omega, gamma)]
 
 # %% ../../nbs/mem/22_mem_train.ipynb #6c4b737c
 def pack_rows(rows: Sequence[Row], pad_id: int):
@@ -389,18 +393,37 @@ def format_metrics(m: dict, keys=("gate/acc_evidence", "gate/acc_free", "exit/ex
     "One log line."
     return f"step {m['step']:4d} " + " ".join(f"{k.split('/')[-1]}={m[k]:.3f}" for k in keys if k in m)
 
-def plateaued(values: Sequence[float], window: int = 4, min_delta: float = 0.03) -> bool:
-    """True when the mean of the last `window` validation rewards is not above the mean of the `window` before it
-    by more than `min_delta` (needs 2·window values)."""
-    if len(values) < 2 * window:
-        return False
-    last, prev = np.mean(values[-window:]), np.mean(values[-2 * window:-window])
-    return bool(last - prev <= min_delta)
 
-def plateau_reached(history: Sequence[dict], step: int, rule: dict) -> bool:
-    "`plateaued` on the `val/reward`s of `history` once `step` ≥ rule's `min_steps` (rule: dict(window, min_delta, min_steps))."
-    return step >= rule.get("min_steps", 0) and \
-        plateaued([h["val/reward"] for h in history if "val/reward" in h], rule.get("window", 4), rule.get("min_delta", 0.03))
+@dataclass
+class PlateauRule:
+    """Stop on the validation reward's plateau: after each validation, the moving mean of the last `window` values is
+    an improvement when it is above the best moving mean so far by more than `min_delta`; stop once `patience`
+    validations in a row brought none and at least `min_steps` steps are done."""
+    window: int = setting(3, ge=1)           # validations in the moving mean
+    min_delta: float = setting(0.02, ge=0)   # what counts as an improvement of the moving mean (reward units)
+    patience: int = setting(3, ge=1)         # validations in a row without improvement before stopping
+    min_steps: int = setting(0, ge=0)        # no stop before this many steps
+
+    def validate(self) -> "PlateauRule":
+        "Raise ValueError naming the bad field, its value and what it accepts."
+        check_fields(self)
+        return self
+
+    def since_best(self, values: Sequence[float]) -> int:
+        "Validations since the moving mean last improved (0: the last one did); the moving mean needs `window` values."
+        best, since = -math.inf, 0
+        for i in range(self.window - 1, len(values)):
+            moving = float(np.mean(values[i - self.window + 1: i + 1]))
+            if moving > best + self.min_delta:
+                best, since = moving, 0
+            else:
+                since += 1
+        return since
+
+    def reached(self, history: Sequence[dict], step: int) -> bool:
+        "True when the `val/reward`s in `history` have plateaued (`since_best` ≥ patience) and `step` ≥ min_steps."
+        values = [h["val/reward"] for h in history if "val/reward" in h]
+        return step >= self.min_steps and len(values) >= self.window and self.since_best(values) >= self.patience
 
 # %% ../../nbs/mem/22_mem_train.ipynb #1277cf1e
 class MemTrainerBase:
@@ -468,7 +491,7 @@ class MemGRPOTrainer(MemTrainerBase):
         trajs = rollout(self.policy, self.sample_questions(), cfg.num_generations, cfg.temperature, cfg.top_p,
                         seed=cfg.seed * 100_003 + self.step_idx, turn_header=cfg.turn_header, answer_header=cfg.answer_header)
         t1 = time.time()
-        rows = batch_rows(trajs, cfg.alpha, cfg.std_norm, cfg.advantage, cfg.omega)
+        rows = batch_rows(trajs, cfg.alpha, cfg.std_norm, cfg.advantage, cfg.omega, cfg.gamma)
         m = {"step": self.step_idx + 1, **trajectory_metrics(gather_over_ranks(trajs, self.world)), **self.update(rows)}
         m["time/rollout_s"], m["time/update_s"] = t1 - t0, time.time() - t1
         self.step_idx += 1
@@ -489,14 +512,14 @@ class MemGRPOTrainer(MemTrainerBase):
                         seed=10_007 + self.cfg.seed, turn_header=self.cfg.turn_header, answer_header=self.cfg.answer_header)
         return val_metrics(trajectory_metrics(gather_over_ranks(trajs, self.world)))
 
-    def train(self, steps: int | None = None, log_every: int = 0, stop_on_plateau: dict | None = None) -> list[dict]:
-        """Run `steps` (default cfg.steps) steps; optional `stop_on_plateau=dict(window, min_delta, min_steps)`.
+    def train(self, steps: int | None = None, log_every: int = 0, stop_on_plateau: PlateauRule | None = None) -> list[dict]:
+        """Run `steps` (default cfg.steps) steps; optional `stop_on_plateau`, a `PlateauRule` on the validation reward.
         The tracker stays open (more steps may follow): `close()` when training is over."""
         for _ in range(steps or self.cfg.steps):
             m = self.step()
             if log_every and m["step"] % log_every == 0:
                 print(format_metrics(m))
-            if stop_on_plateau and plateau_reached(self.history, m["step"], stop_on_plateau):
+            if stop_on_plateau and stop_on_plateau.reached(self.history, m["step"]):
                 print(f"validation reward plateaued at step {m['step']}")
                 break
         return self.history
