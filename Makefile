@@ -6,7 +6,9 @@ PY    := $(CURDIR)/$(VENV)/bin/python
 SYSPY := $(shell command -v python3)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 STAMP := $(VENV)/.pixrl-setup
-# pytest-xdist workers for make test: the tests are mostly single-threaded subprocess campaigns, so 2 fill 2 cores
+# pytest-xdist workers for make test: the tests are mostly single-threaded subprocess campaigns, so 2 fill 2 cores;
+# each runs torch on one thread (OMP_NUM_THREADS=1, which pixrl's CpuShare honours): two threads beside a busy
+# worker on 2 cores wait on each other (a GRPO step measured 25 s instead of 0.95 s)
 TEST_WORKERS ?= 2
 
 .PHONY: setup vllm-env test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long mem-base mem-ablation export clean-nbs
@@ -41,8 +43,8 @@ test:
 	nbdev_clean
 	@if [ -n "$$(git status --porcelain -- nbs)" ]; then \
 	  echo "nbdev_clean changed notebooks — run nbdev_clean and commit:"; git status --porcelain -- nbs; exit 1; fi
-	nbdev_test
-	python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal tests
+	OMP_NUM_THREADS=1 nbdev_test
+	OMP_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal tests
 
 # The main job: arm B (base RL L0 -> L4) on the embedded pixrl-base-long; re-running resumes (finished stages are skipped).
 train: setup

@@ -24,7 +24,7 @@ datasets.disable_progress_bars()
 
 # %% auto #0
 __all__ = ['VLLM_LOGPROB_TOL', 'replay_mix', 'rl_dataset', 'sft_dataset', 'per_device_batch', 'PixGRPOTrainer', 'PixSFTTrainer',
-           'PeriodicProbe', 'time_shares', 'CpuShare', 'prompt_groups', 'rollout_seed', 'server_rollouts',
+           'PeriodicProbe', 'time_shares', 'thread_cap', 'CpuShare', 'prompt_groups', 'rollout_seed', 'server_rollouts',
            'rank_record', 'ProgressLog', 'has_cuda', 'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint',
            'grpo_config', 'start_rollout_server', 'run_grpo', 'run_sft']
 
@@ -156,8 +156,13 @@ def _alive(pid: int) -> bool:
         return True
     return True
 
+def thread_cap() -> int | None:
+    "`OMP_NUM_THREADS` when it is a positive int (the standard cap on a process's threads), else None (not set, or not a number)."
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
 class CpuShare(TrainerCallback):
-    "Torch threads = this process's cores // the pixrl stages running now (re-read each step); see above."
+    "Torch threads = this process's cores // the pixrl stages running now (re-read each step), at most `thread_cap()`; see above."
     def __init__(self, lease_dir=None):
         self.dir = Path(lease_dir) if lease_dir else cache_dir("cpu_leases")
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -184,6 +189,7 @@ class CpuShare(TrainerCallback):
         if os.environ.get("PIXRL_CPU_SHARE", "1") == "0":
             return torch.get_num_threads()
         threads = max(1, len(os.sched_getaffinity(0)) // self.stages())
+        threads = min(threads, thread_cap() or threads)
         if threads != self.threads:
             torch.set_num_threads(threads)
             self.threads = threads
