@@ -10,8 +10,8 @@ from typing import Sequence
 import numpy as np
 
 # %% auto #0
-__all__ = ['EPS_STD', 'EPS_STD_TRL', 'ADVANTAGES', 'check_alpha', 'pad_ragged', 'trajectory_advantage', 'turn_advantage',
-           'two_baseline_advantage', 'final_turn_advantage', 'trajectory_advantage_reference',
+__all__ = ['EPS_STD', 'EPS_STD_TRL', 'ADVANTAGES', 'check_unit', 'check_alpha', 'pad_ragged', 'trajectory_advantage',
+           'turn_advantage', 'two_baseline_advantage', 'final_turn_advantage', 'trajectory_advantage_reference',
            'discounted_returns_reference', 'episode_rows_reference', 'credit_advantage_reference',
            'two_baseline_advantage_reference', 'dedup_turn_advantage', 'anchor_step_advantage', 'check_gamma',
            'discounted_returns', 'episode_advantage_rows', 'credit_advantage', 'answer_advantage', 'group_advantage']
@@ -21,12 +21,16 @@ EPS_STD = 1e-6       # verl's epsilon for std-normalised GRPO advantages (mem li
 EPS_STD_TRL = 1e-4   # TRL 1.16 GRPOTrainer's epsilon (pix line, `group_advantage`)
 
 
+def check_unit(name: str, value, meaning: str) -> float:
+    "`value` as a float when it is a real number in [0, 1] (bools and NaN rejected); else ValueError naming `name`."
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{name} must be a real number in [0, 1] ({meaning}); got {value!r}")
+    return float(value)
+
+
 def check_alpha(alpha) -> float:
-    "Validate the mixing weight α ∈ [0, 1] (bools and NaN rejected); return it as a float."
-    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real) or not 0.0 <= float(alpha) <= 1.0:
-        raise ValueError(f"alpha must be a real number in [0, 1] (0 = pure turn advantage, 1 = pure "
-                         f"trajectory advantage); got {alpha!r}")
-    return float(alpha)
+    "Validate the mixing weight α ∈ [0, 1]; return it as a float."
+    return check_unit("alpha", alpha, "0 = pure turn advantage, 1 = pure trajectory advantage")
 
 
 def _as_vector(name: str, x) -> np.ndarray:
@@ -219,11 +223,8 @@ def anchor_step_advantage(r_update: Sequence[Sequence[float]], anchors: Sequence
 
 # %% ../nbs/05_advantage.ipynb #cfb96309
 def check_gamma(gamma) -> float:
-    "Validate GiGPO's discount γ ∈ [0, 1] (bools and NaN rejected); return it as a float."
-    if isinstance(gamma, (bool, np.bool_)) or not isinstance(gamma, numbers.Real) or not 0.0 <= float(gamma) <= 1.0:
-        raise ValueError(f"gamma must be a real number in [0, 1] (0 = each turn's own reward, verl-agent's "
-                         f"examples: 0.95); got {gamma!r}")
-    return float(gamma)
+    "Validate GiGPO's discount γ ∈ [0, 1]; return it as a float."
+    return check_unit("gamma", gamma, "0 = each turn's own reward, verl-agent's examples: 0.95")
 
 
 def discounted_returns(r_update: Sequence[Sequence[float]], gamma: float) -> list[np.ndarray]:
