@@ -44,7 +44,7 @@ test:
 	@if [ -n "$$(git status --porcelain -- nbs)" ]; then \
 	  echo "nbdev_clean changed notebooks — run nbdev_clean and commit:"; git status --porcelain -- nbs; exit 1; fi
 	OMP_NUM_THREADS=1 nbdev_test
-	OMP_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal tests
+	OMP_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --durations=15 tests
 
 # The main job: arm B (base RL L0 -> L4) on the embedded pixrl-base-long; re-running resumes (finished stages are skipped).
 train: setup

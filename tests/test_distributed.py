@@ -13,6 +13,8 @@ import pytest
 from pixrl.pix.campaign import CampaignConfig, validate, process_capacity
 from pixrl.stats import paired_bootstrap, per_task_means
 
+pytestmark = pytest.mark.slow      # 2-process stages under accelerate (minutes)
+
 GROUPS, GENERATIONS, STEPS = 2, 4, 2
 
 

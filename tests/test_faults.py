@@ -58,6 +58,7 @@ def _fsize_limit(n_bytes):
     return lim
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit, resumed_from", [(500_000, 0), (2_000_000, STEPS)],
                          ids=["checkpoint-optimizer-write", "final-weights-write"])
 def test_write_refused_part_way_then_resume(world, limit, resumed_from):
@@ -109,6 +110,7 @@ def _run_with(world, name, saboteur):
     return r, out.get("n", 0)
 
 
+@pytest.mark.slow
 def test_worker_sigkilled_mid_batch(world):
     """Evaluator workers SIGKILLed while they run (an OOM killer, an operator) are INFRA_FAULTs, retried: the
     campaign ends with the reference probe and no step recorded a faulted reward."""

@@ -130,6 +130,7 @@ def test_reward_policy_is_a_campaign_setting(tmp_path):
     assert _parser().parse_args(["run", "--reward", "raw_iou"]).reward == "raw_iou"
 
 
+@pytest.mark.slow
 def test_the_campaign_reward_reaches_trl_and_the_probe(tmp_path):
     "A smoke stage under shaped_v3b: TRL logs that reward function, the probe and the state name it."
     import os, subprocess, sys

@@ -6,6 +6,8 @@ campaign: every stage done, nothing run again."""
 import json, os, shutil, signal, subprocess, sys, time
 from pathlib import Path
 
+import pytest
+
 from pixrl.pix.campaign import CampaignConfig, probe_points, run_campaign
 
 ROOT = Path(__file__).parents[1]
@@ -17,6 +19,7 @@ def _cmd(root):
             "--groups-per-step", "1", "--max-new-tokens", "48", "--lora-r", "8", "--save-steps", "1"]
 
 
+@pytest.mark.slow
 def test_sigkill_mid_stage_then_resume(tmp_path):
     env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     run_dir = tmp_path / "runs" / "resume"

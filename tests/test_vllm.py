@@ -17,6 +17,7 @@ from pixrl.serve import ADAPTER_NAME, start_server
 from pixrl.vllm import (VLLMServer, group_alive, sampled_logprob_gap, vllm_versions, write_serving_copy,
                         write_tokenizer_copy)
 
+pytestmark = pytest.mark.slow      # vLLM servers start here (35-70 s each)
 os.environ.setdefault("PIXRL_VLLM_EAGER", "1")      # every server here skips torch.compile: up ≈ 15–20 s sooner
 MODELS = repo_root() / "data" / "models"
 RELEASE = repo_root() / "runs" / "release_b"
