@@ -7,13 +7,6 @@ import pytest
 import torch
 
 
-def pytest_collection_modifyitems(config, items):
-    """Test files with a `slow` test (end-to-end campaigns, servers: minutes each) run first, each file's tests still
-    in order (its module fixtures are made once): with 2 workers, no long test starts last and runs alone at the end."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_files)            # stable: the rest keep their order
-
-
 @pytest.fixture
 def one_torch_thread():
     "torch on one thread for the test, restored after: the offset fits compare numbers that thread count can change."

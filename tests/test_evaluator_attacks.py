@@ -642,8 +642,8 @@ def test_svg_text_handling_is_linear(attack, best_time):
     "The parent's svg path (parser, its messages, clean_reason) on a 10^5-character hostile part: linear, not quadratic."
     make = SVG_NAME_ATTACKS[attack]
     check = lambda src: ev.check_source(src, "svg", limits=BIG)
-    small, big = best_time(check, make(10**4), 3), best_time(check, make(10**5), 3)
-    assert big < 30 * small + 2e-3, (attack, small, big)    # linear: ~10x; quadratic: ~100x
+    small, big = best_time(check, make(10**4), 7), best_time(check, make(10**5), 7)
+    assert big < 40 * small + 2e-3, (attack, small, big)    # linear: ~10x (33x seen on a loaded machine); quadratic: ~100x
     assert big < 0.25, (attack, big)
     reason = check(make(10**5))
     assert reason is None or len(reason) <= 300
