@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from conftest import notebook_parameters
-from pixrl.mem.train import MemTrainConfig, RENAMED, upgrade_saved_config
+from pixrl.mem.train import MemTrainConfig, PlateauRule, RENAMED, upgrade_saved_config
 from pixrl.mem.ablation import parse_arms, parse_seeds, arm_seed_dir, _done_record
 
 ROOT = Path(__file__).parents[1]
@@ -26,3 +26,23 @@ def test_committed_arm_seeds_are_finished_records_under_the_new_names():
             rec = _done_record(RUNS, arm, seed, base)                         # read: not refused as another config
             assert rec["steps_done"] == p["steps"] and not set(RENAMED) & set(rec["config"])
             assert rec["config"]["learning_rate"] == saved["config"]["lr"] == p["learning_rate"]
+
+
+def test_make_mem_ablation_skips_every_committed_arm_seed():
+    """`make mem-ablation` (nbs/mem_ablation.ipynb's own parameters) over the committed runs/mem_ablation_v2 finds every
+    arm-seed finished for its configuration and stopping rule: a re-run trains nothing, and a changed default would be
+    refused here before it mixes two recipes in one folder."""
+    p = notebook_parameters(ROOT / "nbs" / "mem_ablation.ipynb")
+    base = MemTrainConfig(model=p["model"], steps=p["steps"], learning_rate=p["learning_rate"],
+                          warmup_steps=p["warmup_steps"], beta=p["beta"], groups_per_step=p["groups_per_step"],
+                          num_generations=p["num_generations"], val_every=p["val_every"],
+                          val_questions=p["val_questions"]).validate()              # the notebook's base_cfg
+    plateau = PlateauRule(window=p["plateau_window"], min_delta=p["plateau_min_delta"],
+                          patience=p["plateau_patience"], min_steps=p["min_steps"]).validate()
+    out = ROOT / "runs" / p["out"]
+    arms, seeds = parse_arms(p["arms"]), parse_seeds(p["seeds"])
+    for arm in arms:
+        for seed in seeds:
+            rec = _done_record(out, arm, seed, base, plateau)
+            assert rec is not None, (arm.name, seed)                          # finished, not to be retrained
+            assert rec["stop_reason"].startswith("validation plateau") or rec["steps_done"] == p["steps"]
