@@ -112,6 +112,21 @@ def test_loop_all_attempts_fail_is_explicit():
     assert rec["summary"]["n_executable_champions"] == 0
 
 
+def test_loop_champion_without_program_gets_a_fresh_attempt():
+    "An empty completion leaves the champion no program: the next round samples the task prompt again (fresh_attempt)."
+    tasks = load_split("test")[:2]
+    seen = []
+
+    class Empty:
+        def generate(self, prompts, n, **kw):
+            seen.append(list(prompts))
+            return [[""] * n for _ in prompts]
+    rec = run_agent_loop(Empty(), tasks, LoopConfig(n_init=2, n_rounds=1, n_revisions=1))
+    assert seen[1] == seen[0]                                   # the revision round re-sent the task prompts
+    for row in rec["tasks"]:
+        assert row["rounds"][1].get("fresh_attempt") is True and "Previous attempt" not in "".join(seen[1])
+
+
 def test_loop_rejects_bad_policy_output():
     tasks = load_split("test")[:2]
 

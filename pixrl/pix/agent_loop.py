@@ -12,9 +12,9 @@ from .tasks import Task, release_digest
 
 # %% auto #0
 __all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'LOOP_KIND', 'redact_numbers',
-           'material_direction', 'feedback', 'revision_prompt', 'LoopConfig', 'run_agent_loop', 'loop_summary',
-           'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta', 'served_prompt_spec',
-           'cli_prompt_spec', 'cli_main']
+           'material_direction', 'feedback', 'revision_prompt', 'revision_prompts', 'LoopConfig', 'run_agent_loop',
+           'loop_summary', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta',
+           'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #b634cf9c
 CLOSENESS_BUCKETS = (  # (lower IoU bound, sentence) — first match wins; the bounds never reach the text
@@ -83,7 +83,15 @@ def feedback(attempt: dict) -> str:
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #96dbf73b
 def revision_prompt(task_prompt: str, champion_code: str, feedback_text: str) -> str:
-    "Task prompt + previous program + feedback; the task prompt's last line (answer cue) closes it."
+    """Task prompt + previous program + feedback; the task prompt's last line (answer cue) closes it.
+    Refused (ValueError naming the value): an empty previous program, feedback that holds a digit (the feedback is
+    number-free by contract: a score or a coordinate must never reach the policy)."""
+    if not champion_code.strip():
+        raise ValueError(f"champion_code={champion_code!r}: a revision needs a previous program; accepted: non-empty code")
+    digits = [ch for ch in feedback_text if ch.isdigit() or ch.isnumeric()]
+    if digits:
+        raise ValueError(f"feedback_text={feedback_text!r} holds {''.join(digits)!r}; accepted: number-free feedback "
+                         "(`feedback`, `redact_numbers`)")
     head, sep, cue = task_prompt.rstrip("\n").rpartition("\n")
     if not sep:
         head, cue = task_prompt.rstrip("\n"), ""
@@ -91,6 +99,37 @@ def revision_prompt(task_prompt: str, champion_code: str, feedback_text: str) ->
              f"Feedback: {feedback_text}\nWrite an improved program.\n")
     tail = task_prompt[len(task_prompt.rstrip("\n")):]  # keep the prompt's own trailing newline(s)
     return block + cue + tail if cue else block
+
+# %% ../../nbs/pix/11_agent_loop.ipynb #ee0384b5
+def revision_prompts(policy, tasks: list[Task], attempts: dict, budget: int | None = None) -> dict:
+    """{task id: the string fed to `policy` to revise `attempts[task id]`}: the loop's `revision_prompt` over the task
+    prompt, the attempt's program and its `feedback`, fed as every prompt of the policy (`policy.feed`).
+    `attempts`: {task id: one verified attempt (`pixrl.pix.harvest.verify`)} for every task of `tasks`. Refused
+    (ValueError naming the value): an attempt for a task not in `tasks` (no prompt for it), a task without an attempt,
+    an attempt without a program, a prompt longer than `budget` tokens (None: `token_budget(policy, None)`)."""
+    from pixrl.pix.campaign import token_budget
+    from pixrl.pix.prompt import prompt_text
+    ids = {t.id for t in tasks}
+    stray = sorted(set(attempts) - ids)
+    if stray:
+        raise ValueError(f"attempts for task(s) {stray[:5]} that have no prompt here; accepted: ids of `tasks`")
+    missing = [t.id for t in tasks if t.id not in attempts]
+    if missing:
+        raise ValueError(f"no attempt for task(s) {missing[:5]}; accepted: one attempt per task")
+    budget = token_budget(policy, None) if budget is None else budget
+    out = {}
+    for t in tasks:
+        a = attempts[t.id]
+        code = (a.get("code") or "").strip()
+        if not code:
+            raise ValueError(f"task {t.id}: its attempt has no program (status {a.get('status')!r}); a revision needs one")
+        text = policy.feed(revision_prompt(prompt_text(t, policy.prompt_spec), code, feedback(a)))
+        n = len(policy.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if n > budget:
+            raise ValueError(f"task {t.id}: its revision prompt has {n} tokens; accepted: at most {budget} "
+                             "(the policy's prompt budget)")
+        out[t.id] = text
+    return out
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #98b16d76
 @dataclass(frozen=True)
@@ -130,11 +169,12 @@ def _init_row(task: Task, attempts: list[dict]) -> dict:
             "champion": {**attempts[c], "round": 0, "attempt": c},
             "champion_reward_by_round": [attempts[c]["reward"]]}
 
-def _add_revision(row: dict, r: int, fb: str, attempts: list[dict]) -> None:
-    "Append revision round `r` (prompted with feedback `fb`) to `row`; only a strictly better attempt becomes champion."
+def _add_revision(row: dict, r: int, fb: str, attempts: list[dict], fresh: bool = False) -> None:
+    """Append revision round `r` (prompted with feedback `fb`) to `row`; only a strictly better attempt becomes champion.
+    `fresh`: the champion had no program to revise, so the round sampled the task prompt again (`fresh_attempt` in the round)."""
     row["rounds"].append({"round": r, "kind": "revision", "feedback": fb,
                           "seeded_by": {"round": row["champion"]["round"], "attempt": row["champion"]["attempt"]},
-                          "attempts": attempts})
+                          "attempts": attempts, **({"fresh_attempt": True} if fresh else {})})
     c = _pick_champion(attempts)
     if attempts[c]["reward"] > row["champion"]["reward"]:  # strictly better only
         row["champion"] = {**attempts[c], "round": r, "attempt": c}
@@ -147,6 +187,10 @@ def _close_row(row: dict) -> None:
                                for a in row["rounds"][0]["attempts"])
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #9af2f701
+def _code(row: dict) -> str:
+    "The champion's program, stripped ('' when it has none)."
+    return (row["champion"].get("code") or "").strip()
+
 def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(), spec=None,
                    model: str | None = None) -> dict:
     """Run the attempt → champion → feedback → revise protocol on `tasks`; returns the JSON record.
@@ -168,10 +212,11 @@ def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(),
         rows = [_init_row(t, attempts) for t, attempts in zip(tasks, init)]
         for r in range(1, config.n_rounds + 1):
             fbs = [feedback(row["champion"]) for row in rows]
-            rprompts = [revision_prompt(p, row["champion"]["code"], fb) for p, row, fb in zip(prompts, rows, fbs)]
+            rprompts = [revision_prompt(p, _code(row), fb) if _code(row) else p   # no program to revise: a fresh attempt
+                        for p, row, fb in zip(prompts, rows, fbs)]
             revs = sample_and_verify(policy, tasks, rprompts, config.n_revisions, seed=config.seed + r, **gen)
             for row, fb, attempts in zip(rows, fbs, revs):
-                _add_revision(row, r, fb, attempts)
+                _add_revision(row, r, fb, attempts, fresh=not _code(row))
     for row in rows:
         _close_row(row)
     return {"kind": LOOP_KIND, "version": 1, "model": model or getattr(policy, "name", None) or type(policy).__name__,

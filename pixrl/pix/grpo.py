@@ -44,8 +44,19 @@ def _vision_prompts(policy: Policy, tasks: list) -> dict:
     applies the processor's chat template, which gives exactly `policy.prompt(task)` (tested below)."""
     return {"prompt": [user_turn(prompt_text(t, policy.prompt_spec)) for t in tasks], "image": policy.images(tasks)}
 
-def rl_dataset(policy: Policy, tasks: list) -> Dataset:
-    "GRPO rows: the policy's prompt (a VLM: conversational prompt + `image`) + `task_id`."
+def rl_dataset(policy: Policy, tasks: list, prompts: dict | None = None) -> Dataset:
+    """GRPO rows: the policy's prompt (a VLM: conversational prompt + `image`) + `task_id`. `prompts`, when given, is
+    the prompt string fed for each task id in place of the task's own (a reviser's revision prompts:
+    `pixrl.pix.agent_loop.revision_prompts`); the reward still scores against the row's task. A task without a
+    prompt there, or a vision-language policy, is refused."""
+    if prompts is not None:
+        missing = [t.id for t in tasks if t.id not in prompts]
+        if missing:
+            raise ValueError(f"prompts has no prompt for task(s) {missing[:5]} ({len(missing)} of {len(tasks)}); "
+                             "accepted: a prompt for every task of the stage (replay tasks included)")
+        if policy.vision:
+            raise ValueError(f"prompts replaces text prompts; {policy.name} is a vision-language policy")
+        return Dataset.from_dict({"prompt": [prompts[t.id] for t in tasks], "task_id": [t.id for t in tasks]})
     rows = _vision_prompts(policy, tasks) if policy.vision else {"prompt": [policy.prompt(t) for t in tasks]}
     return Dataset.from_dict({**rows, "task_id": [t.id for t in tasks]})
 
@@ -422,13 +433,14 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate:
              num_generations: int, groups_per_step: int, temperature: float, max_new_tokens: int | None, seed: int,
              save_steps: int, reward: str, scale_rewards: str, loss_type: str, beta: float, num_iterations: int,
              fast_rollouts: bool, replay_tasks: list = (), replay_share: float = 0.0, use_vllm: bool | None = None,
-             vllm_mode: str = "off", vllm_logprob_tol: float = VLLM_LOGPROB_TOL, callbacks: list = (), thinking: bool | None = None, report_to: str = "none",
+             vllm_mode: str = "off", vllm_logprob_tol: float = VLLM_LOGPROB_TOL, callbacks: list = (), prompts: dict | None = None, thinking: bool | None = None, report_to: str = "none",
              project: str = "pixrl", run_name: str | None = None) -> dict:
     """One GRPO stage from `model_dir` on `tasks` (+ replay); resumes from the last checkpoint in `out_dir`.
     The knobs come from the campaign's `CampaignConfig` (no defaults here; `max_new_tokens=None`: the model's budget).
     `vllm_mode`: "off" (transformers rollouts; `use_vllm` None = TRL colocate iff CUDA + vllm), "server" (a
     `pixrl.vllm` server on loopback for the stage, stopped at its end or on any error; `vllm_logprob_tol`: the
-    check after each sync), "colocate" (TRL's, CUDA).
+    check after each sync), "colocate" (TRL's, CUDA). `prompts`: a prompt per task id in place of the tasks' own
+    (`rl_dataset`; a reviser stage's revision prompts).
     Returns {final_dir, global_step, resumed_from_step, log_history, time_shares, seconds}."""
     if vllm_mode not in VLLM_MODES:
         raise ValueError(f"vllm_mode={vllm_mode!r}; accepted: {', '.join(VLLM_MODES)}")
@@ -439,6 +451,7 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate:
     policy = load_policy(model_dir, thinking=thinking)
     rows = replay_mix(tasks, list(replay_tasks), replay_share, seed)
     reward_fn = make_reward_fn({t.id: t for t in rows}, policy=reward)   # shaped_v3d | shaped_v3c | shaped_v3b | raw_iou
+    dataset = rl_dataset(policy, rows, prompts)                          # a missing prompt: refused before any server starts
     cfg = grpo_config(out_dir, steps, learning_rate=learning_rate, num_generations=num_generations,
                       groups_per_step=groups_per_step, temperature=temperature,
                       max_new_tokens=int(max_new_tokens or policy.max_new_tokens), seed=seed,
@@ -451,7 +464,7 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate:
     share = CpuShare()
     try:
         trainer = PixGRPOTrainer(model=policy.model, reward_funcs=reward_fn, args=cfg,
-                                 train_dataset=rl_dataset(policy, rows), processing_class=policy.processor or policy.tokenizer,
+                                 train_dataset=dataset, processing_class=policy.processor or policy.tokenizer,
                                  peft_config=lora_config(lora_r), callbacks=[*callbacks, share], fast_rollouts=fast_rollouts,
                                  vllm_server=server, vllm_logprob_tol=vllm_logprob_tol)
         trainer.remove_callback(PrinterCallback)  # metrics go to metrics.json, not stdout
