@@ -178,7 +178,8 @@ def _record_meta(path, data: dict) -> dict:
 
 def _evidence(bench=None, loop=None, probe=None) -> dict:
     """The evidence records of a release, loaded and checked: {bench, loop, probe (rows), records, rewards,
-    data_digest}. ValueError for a record of the wrong kind or records that disagree on the data release."""
+    data_digest}. ValueError for a record of the wrong kind, a loop
+    record whose champions do not re-evaluate to their recorded IoU (`check_loop_record`), or records that disagree on the data release."""
     records, rewards = {}, {}
     bench_d = loop_d = probe_r = None
     if bench is not None:
@@ -188,9 +189,8 @@ def _evidence(bench=None, loop=None, probe=None) -> dict:
         records["benchmark"] = _record_meta(bench, bench_d)
         rewards["benchmark scoring"] = bench_d.get("config", {}).get("reward", "shaped_v3b")
     if loop is not None:
-        loop_d = _load_json(loop, "loop")
-        if loop_d.get("kind") != "pixrl.agent_loop":
-            raise ValueError(f"--loop {str(loop)!r} is not a pixrl.agent_loop record (kind {loop_d.get('kind')!r})")
+        from pixrl.pix.agent_loop import check_loop_record
+        loop_d = check_loop_record(_load_json(loop, "loop"), f"--loop {str(loop)!r}")   # kind, champions re-evaluated
         records["agent loop"] = _record_meta(loop, loop_d)
     if probe is not None:
         points, files = load_probe_points(probe)

@@ -68,6 +68,15 @@ def test_release_refuses_bad_input(adapter, tmp_path, capsys):
     assert pixrl_main(["release", "--adapter", str(tmp_path / "nope"), "--out", str(tmp_path / "e"),
                        "--bench", str(BENCH)]) == 2
     assert "not a folder" in capsys.readouterr().err
+    # a loop record whose champion does not re-evaluate to its recorded IoU (issue 34's bad input)
+    loop = json.loads((ROOT / "runs" / "agent_loop_b" / "loop.json").read_text())
+    task = loop["tasks"][5]
+    task["champion"]["iou"] = (task["champion"]["iou"] or 0.0) + 0.05
+    tampered = tmp_path / "loop.json"
+    tampered.write_text(json.dumps(loop))
+    with pytest.raises(ValueError, match=f"task {task['task_id']}: the champion .* re-evaluates to"):
+        make_release(adapter / "adapter", tmp_path / "f", bench=BENCH, loop=tampered)
+    assert not (tmp_path / "f").exists()
 
 
 # --- the self-contained release of a campaign -------------------------------------------------------------------

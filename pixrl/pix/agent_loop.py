@@ -11,10 +11,10 @@ from .harvest import sample_and_verify, task_prompts
 from .tasks import Task, release_digest
 
 # %% auto #0
-__all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'LOOP_KIND', 'redact_numbers',
-           'material_direction', 'feedback', 'revision_prompt', 'revision_prompts', 'LoopConfig', 'run_agent_loop',
-           'loop_summary', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta',
-           'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
+__all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'LOOP_KIND', 'IOU_TOL',
+           'redact_numbers', 'material_direction', 'feedback', 'revision_prompt', 'revision_prompts', 'LoopConfig',
+           'run_agent_loop', 'loop_summary', 'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy',
+           'resolve_tasks', 'served_meta', 'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #b634cf9c
 CLOSENESS_BUCKETS = (  # (lower IoU bound, sentence) — first match wins; the bounds never reach the text
@@ -239,6 +239,42 @@ def loop_summary(rows: list[dict]) -> dict:
             "mean_champion_reward": sum(r["champion"]["reward"] for r in rows) / n,
             "mean_init_best_iou": sum(r["init_best_iou"] for r in rows) / n,
             "n_champions_from_revision": sum(r["champion"]["round"] > 0 for r in rows)}
+
+# %% ../../nbs/pix/11_agent_loop.ipynb #83791a4d
+IOU_TOL = 1e-9   # |re-evaluated − recorded| IoU a champion may differ by (float noise; the evaluator is deterministic)
+
+def _differs(recorded, computed) -> bool:
+    "A summary value that is not the one its rows give (floats: beyond IOU_TOL)."
+    if isinstance(recorded, (int, float)) and isinstance(computed, float):
+        return abs(recorded - computed) > IOU_TOL
+    return recorded != computed
+
+def check_loop_record(loop: dict, where: str = "loop record") -> dict:
+    """`loop` (a `run_agent_loop` record) when every champion's program re-evaluates to its recorded status and IoU
+    and its `summary` is `loop_summary` of its rows; else a ValueError naming the task, both values and the accepted
+    ones. Returns `loop` unchanged."""
+    from pixrl.pix.harvest import verify
+    from pixrl.pix.tasks import get_task
+    if not isinstance(loop, dict) or loop.get("kind") != LOOP_KIND:
+        got = loop.get("kind") if isinstance(loop, dict) else type(loop).__name__
+        raise ValueError(f"{where}: kind {got!r}; accepted: a {LOOP_KIND!r} record (run_agent_loop)")
+    rows = loop["tasks"]
+    if not rows:
+        raise ValueError(f"{where}: no tasks; accepted: a record of at least one task")
+    tasks = [get_task(r["task_id"]) for r in rows]                       # an unknown id: refused by get_task
+    codes = [[r["champion"].get("code") or ""] for r in rows]
+    again = verify(tasks, codes, representation=loop["config"]["representation"])
+    for row, (a,) in zip(rows, again):
+        c = row["champion"]
+        if a["status"] != c["status"] or abs(_iou0(a) - _iou0(c)) > IOU_TOL:
+            raise ValueError(f"{where}: task {row['task_id']}: the champion (round {c['round']}, attempt {c['attempt']}) "
+                             f"re-evaluates to {a['status']} IoU {_iou0(a)!r}, the record says {c['status']} IoU "
+                             f"{_iou0(c)!r}; accepted: a champion that re-evaluates to its recorded IoU (±{IOU_TOL})")
+    recorded = loop["summary"]
+    bad = {k: (recorded.get(k), v) for k, v in loop_summary(rows).items() if _differs(recorded.get(k), v)}
+    if bad:
+        raise ValueError(f"{where}: summary {{key: (recorded, from its rows)}} = {bad}; accepted: loop_summary of its rows")
+    return loop
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #f1c27e6e
 class EndpointError(RuntimeError):
