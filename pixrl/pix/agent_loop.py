@@ -11,10 +11,11 @@ from .harvest import sample_and_verify, task_prompts
 from .tasks import Task, release_digest
 
 # %% auto #0
-__all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'LOOP_KIND', 'IOU_TOL',
-           'redact_numbers', 'material_direction', 'feedback', 'revision_prompt', 'revision_prompts', 'LoopConfig',
-           'run_agent_loop', 'loop_summary', 'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy',
-           'resolve_tasks', 'served_meta', 'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
+__all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'LOOP_KIND', 'PLAIN_SEED_OFFSET',
+           'IOU_TOL', 'redact_numbers', 'material_direction', 'feedback', 'revision_prompt', 'revision_prompts',
+           'LoopConfig', 'run_agent_loop', 'loop_summary', 'loop_budget', 'best_of_plain', 'loop_vs_plain',
+           'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta',
+           'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #b634cf9c
 CLOSENESS_BUCKETS = (  # (lower IoU bound, sentence) — first match wins; the bounds never reach the text
@@ -239,6 +240,44 @@ def loop_summary(rows: list[dict]) -> dict:
             "mean_champion_reward": sum(r["champion"]["reward"] for r in rows) / n,
             "mean_init_best_iou": sum(r["init_best_iou"] for r in rows) / n,
             "n_champions_from_revision": sum(r["champion"]["round"] > 0 for r in rows)}
+
+# %% ../../nbs/pix/11_agent_loop.ipynb #e17783ea
+PLAIN_SEED_OFFSET = 1000   # the extra plain attempts' seed: config.seed + this (never a seed the loop's rounds used)
+
+def loop_budget(config: dict) -> int:
+    "Samples the loop drew per task: n_init + n_rounds · n_revisions."
+    return config["n_init"] + config["n_rounds"] * config["n_revisions"]
+
+def best_of_plain(policy, tasks: list[Task], loop: dict) -> list[float]:
+    """Per task of `loop` (in its order): the best IoU of `loop_budget` plain attempts from the task prompt — the
+    loop's own init round plus `n_rounds · n_revisions` new ones (seed `config.seed + PLAIN_SEED_OFFSET`). `tasks`
+    must be the loop's tasks, in its order (refused otherwise)."""
+    ids = [t.id for t in tasks]
+    want = [r["task_id"] for r in loop["tasks"]]
+    if ids != want:
+        raise ValueError(f"best_of_plain: tasks {ids[:3]}… are not the loop's {want[:3]}… (same ids, same order)")
+    c = loop["config"]
+    extra_n = c["n_rounds"] * c["n_revisions"]
+    from pixrl.pix.prompt import PromptSpec
+    prompts = task_prompts(policy, tasks, PromptSpec(**loop["prompt_spec"]))   # the prompts the loop's init round had
+    extra = sample_and_verify(policy, tasks, prompts, extra_n, seed=c["seed"] + PLAIN_SEED_OFFSET,
+                              temperature=c["temperature"], max_new_tokens=c["max_new_tokens"],
+                              representation=c["representation"]) if extra_n else [[] for _ in tasks]
+    return [max(_iou0(a) for a in row["rounds"][0]["attempts"] + more) for row, more in zip(loop["tasks"], extra)]
+
+def loop_vs_plain(loop: dict, best_plain: list[float]) -> dict:
+    """The loop's champion IoU against best-of-n plain IoU at the same budget, paired over tasks: {budget, means,
+    the paired bootstrap of champion − plain (`pixrl.stats.paired_bootstrap`), share of champions from a revision}."""
+    from pixrl.stats import paired_bootstrap
+    champ = [_iou0(r["champion"]) for r in loop["tasks"]]
+    if len(best_plain) != len(champ):
+        raise ValueError(f"loop_vs_plain: {len(best_plain)} best-of-n values for {len(champ)} loop tasks")
+    ci = paired_bootstrap(best_plain, champ)                         # mean of champion − plain
+    n = len(champ)
+    return {"budget": loop_budget(loop["config"]), "n_tasks": n,
+            "mean_champion_iou": sum(champ) / n, "mean_best_plain_iou": sum(best_plain) / n,
+            "diff": ci.mean_diff, "ci_lo": ci.lo, "ci_hi": ci.hi, "verdict": ci.verdict,
+            "share_champions_from_revision": sum(r["champion"]["round"] > 0 for r in loop["tasks"]) / n}
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #83791a4d
 IOU_TOL = 1e-9   # |re-evaluated − recorded| IoU a champion may differ by (float noise; the evaluator is deterministic)
