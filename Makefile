@@ -11,7 +11,7 @@ STAMP := $(VENV)/.pixrl-setup
 # worker on 2 cores wait on each other (a GRPO step measured 25 s instead of 0.95 s)
 TEST_WORKERS ?= 2
 
-.PHONY: setup vllm-env test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long mem-base mem-ablation export clean-nbs
+.PHONY: setup vllm-env test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long base-reviser mem-base mem-ablation export clean-nbs
 
 setup: $(STAMP)
 
@@ -74,6 +74,7 @@ base: setup
 	papermill nbs/base.ipynb runs/base_model.ipynb --cwd nbs
 	papermill nbs/base.ipynb runs/base_noisy_model.ipynb -p name pixrl-base-noisy --cwd nbs
 	papermill nbs/base.ipynb runs/base_long_model.ipynb -p name pixrl-base-long --cwd nbs
+	papermill nbs/base.ipynb runs/base_reviser_model.ipynb -p name pixrl-base-reviser --cwd nbs
 
 # pixrl-base-noisy alone, from the committed pixrl-base (its sha256 checked first).
 base-noisy: setup
@@ -82,6 +83,11 @@ base-noisy: setup
 # pixrl-base-long alone, the campaigns' default, from the committed pixrl-base (its sha256 checked first).
 base-long: setup
 	papermill nbs/base.ipynb runs/base_long_model.ipynb -p name pixrl-base-long --cwd nbs
+
+# pixrl-base-reviser alone, from the committed pixrl-base-long: half its scenes shown as revisions (the loop's revision
+# prompt -> the previous attempt repaired), so that the agent loop's revisions are programs (runs/base_reviser_model).
+base-reviser: setup
+	papermill nbs/base.ipynb runs/base_reviser_model.ipynb -p name pixrl-base-reviser --cwd nbs
 
 # Rebuild pixrl-mem-base, the mem line's default (pixrl.mem.model; ~26 min on 2 free cores, pixrl-mem-tiny's size
 # pretrained alongside included: runs/mem_base_model; resumable from its last good checkpoint in

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import Qwen2ForCausalLM
-from ..core import set_seed, Timer, BASE_NAME, NOISY_NAME, LONG_NAME
+from ..core import set_seed, Timer, BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME
 from .geometry import render
 from .prompt import PromptSpec, build_prompt, format_answer, ink_bands, _fmt
 from ..lm import tiny_config, encode_example, collate, model_dir_sha256
@@ -16,9 +16,10 @@ from .tiny import SceneTask, MODEL_IMAGE_SHAPE, char_tokenizer, save_tiny
 
 # %% auto #0
 __all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'BASE_BUILDS',
-           'cell_primitive', 'cell_scene', 'cell_stream', 'band_program', 'target_program', 'jitter_bands',
-           'band_calls', 'copy_errors', 'BaseConfig', 'group_examples', 'demonstrator_rng', 'step_examples',
-           'initial_model', 'train_base', 'build_base', 'base_build']
+           'cell_primitive', 'cell_scene', 'cell_stream', 'band_program', 'band_source', 'target_program',
+           'jitter_bands', 'repair_bands', 'revision_example', 'band_calls', 'copy_errors', 'BaseConfig',
+           'group_examples', 'demonstrator_rng', 'step_examples', 'initial_model', 'train_base', 'build_base',
+           'base_build']
 
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2d7
 BASE_CELLS = 32
@@ -129,10 +130,15 @@ def band_program(task, n: int = BASE_CELLS, jitter: float = 0.0, rng: np.random.
     """The band program of `task`'s model image on the `n × n` grid: `sx`, `sy` from the footprint, the helper
     `b(y, h, x1, w1, x2, w2, …)` (a band's runs, in cells), then one call per band, in the prompt's order.
     `jitter` > 0: the noisy demonstrator's copy (`jitter_bands` with `rng`)."""
-    W, H = task.footprint_um
     bands = ink_bands(task.model_image, n)
     if jitter:
         bands = jitter_bands(bands, jitter, rng)
+    return band_source(task.footprint_um, bands, n)
+
+
+def band_source(footprint_um, bands: list, n: int = BASE_CELLS) -> str:
+    "The band program that draws `bands` (`ink_bands`' form) over footprint `footprint_um` on the `n × n` grid."
+    W, H = footprint_um
     calls = ["b(" + ",".join(str(v) for v in (y, h, *(c for run in runs for c in run))) + ")"
              for y, h, runs in bands]
     return f"sx = {_fmt(W)}/{n}\nsy = {_fmt(H)}/{n}\n" + BAND_HELPER + "\n".join(calls) + "\n"
@@ -164,6 +170,37 @@ def jitter_bands(bands: list, p: float, rng: np.random.Generator) -> list:
                   for i, (v, m, u) in enumerate(zip(values, moved, up))]
         out.append((values[0], values[1], tuple(zip(values[2::2], values[3::2]))))
     return out
+
+# %% ../../nbs/pix/06a_base.ipynb #1ab80971
+def repair_bands(exact: list, prev: list, q: float, rng: np.random.Generator) -> list:
+    """`prev` (a copy of `exact` with the same structure, e.g. `jitter_bands(exact, …)`) with each number that differs
+    from `exact` put right with probability `q`; the numbers `prev` has right are kept. `q` 0 returns `prev`, 1 `exact`."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"repair_bands: q={q!r}; accepted: a probability in [0, 1]")
+    out = []
+    for (y0, h0, r0), (y1, h1, r1) in zip(exact, prev, strict=True):
+        want = [y0, h0, *(c for run in r0 for c in run)]               # (2 + 2·runs,)
+        got = [y1, h1, *(c for run in r1 for c in run)]                # (2 + 2·runs,): the same structure
+        if len(want) != len(got):
+            raise ValueError(f"repair_bands: a band of {len(got)} numbers against {len(want)}; prev must keep exact's structure")
+        fixed = [w if (w != g and rng.random() < q) else g for w, g in zip(want, got)]
+        out.append((fixed[0], fixed[1], tuple(zip(fixed[2::2], fixed[3::2]))))
+    return out
+
+
+def revision_example(scene, rng: np.random.Generator, jitter: float, repair: float, n: int = BASE_CELLS) -> tuple[str, str]:
+    """(prompt, answer) of `scene` shown as a revision: the previous attempt is the noisy demonstrator's copy
+    (`jitter`), the feedback the loop's on it, the prompt `revision_prompt`'s, the answer the attempt with each wrong
+    number put right with probability `repair`."""
+    from pixrl.pix.agent_loop import feedback, revision_prompt
+    from pixrl.pix.metrics import mask_metrics, mean_axis_scale, target_side
+    exact = ink_bands(scene.model_image, n)
+    prev = jitter_bands(exact, jitter, rng)
+    prev_src = band_source(scene.footprint_um, prev, n)
+    drawn = render(prev_src, scene.footprint_um, MODEL_IMAGE_SHAPE)      # (64, 64) bool: the attempt's image
+    m = mask_metrics(drawn, target_side(scene.model_image), mean_axis_scale(scene.footprint_um, MODEL_IMAGE_SHAPE))
+    prompt = revision_prompt(build_prompt(scene, BASE_PROMPT_SPEC), prev_src, feedback({"status": "OK", **m}))
+    return prompt, format_answer(band_source(scene.footprint_um, repair_bands(exact, prev, repair, rng), n))
 
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2f9
 def band_calls(program: str) -> list[tuple[int, ...]]:
@@ -217,6 +254,9 @@ class BaseConfig:
                                  # its sha256 checked) or a model directory; its architecture must be this config's
     jitter: float = 0.0          # the demonstrator's noise (`jitter_bands`): each cell number of the band program is
                                  # off by one with this probability; 0: the exact copy
+    revise: float = 0.0          # share of the scenes shown as a revision (`revision_example`): the noisy copy as the
+                                 # previous attempt + its feedback → the copy repaired; 0: plain prompts only
+    repair: float = 0.5          # a revision's target: each wrong number of the previous attempt put right with this probability
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -225,6 +265,12 @@ class BaseConfig:
             raise ValueError(f"BaseConfig.jitter {self.jitter!r}; accepted: a probability in [0, 1]")
         if self.jitter and self.target != "bands":
             raise ValueError(f"BaseConfig.jitter {self.jitter!r} with target {self.target!r}; jitter needs target 'bands'")
+        for field in ("revise", "repair"):
+            if not 0.0 <= getattr(self, field) <= 1.0:
+                raise ValueError(f"BaseConfig.{field} {getattr(self, field)!r}; accepted: a probability in [0, 1]")
+        if self.revise and not self.jitter:
+            raise ValueError(f"BaseConfig.revise {self.revise!r} with jitter 0: a revision revises the noisy demonstrator's "
+                             "copy; accepted: jitter > 0")
 
     def model_config(self):
         "The Qwen2 config of this base."
@@ -247,7 +293,8 @@ def group_examples(cfg: BaseConfig, g: int, tokenizer) -> list[tuple[list[int], 
     """(ids, labels) of the `group · batch_size` scenes of step group `g`, sorted by length. Group g owns scene
     indices [2·g·group·B, 2·(g+1)·group·B) of `cell_stream(seed)`; scenes longer than `cfg.max_chars`
     (prompt + program) are passed over, deterministically. With `cfg.jitter`, scene k's copy is drawn with
-    `demonstrator_rng(cfg.seed, k)`: the same scene gets the same noise in every run."""
+    `demonstrator_rng(cfg.seed, k)`: the same scene gets the same noise in every run; with `cfg.revise`, the same
+    stream first decides whether scene k is shown as a revision (`revision_example`)."""
     start = 2 * g * cfg.group * cfg.batch_size
     stream = cell_stream(cfg.seed, start=start, n=cfg.cells)
     pairs = []
@@ -255,8 +302,12 @@ def group_examples(cfg: BaseConfig, g: int, tokenizer) -> list[tuple[list[int], 
         if len(pairs) == cfg.group * cfg.batch_size:
             break
         sc = next(stream)
-        program = target_program(sc, cfg.target, cfg.cells, cfg.jitter, demonstrator_rng(cfg.seed, k))
-        prompt, answer = build_prompt(sc, BASE_PROMPT_SPEC), format_answer(program)
+        rng = demonstrator_rng(cfg.seed, k)
+        if cfg.revise and rng.random() < cfg.revise:               # no draw when revise is 0: the older bases rebuild exactly
+            prompt, answer = revision_example(sc, rng, cfg.jitter, cfg.repair, cfg.cells)
+        else:
+            prompt = build_prompt(sc, BASE_PROMPT_SPEC)
+            answer = format_answer(target_program(sc, cfg.target, cfg.cells, cfg.jitter, rng))
         if len(prompt) + len(answer) <= cfg.max_chars:
             pairs.append((prompt, answer))
     pairs.sort(key=lambda pa: len(pa[0]) + len(pa[1]))
@@ -356,6 +407,8 @@ BASE_BUILDS = {   # the committed bases: name → how `make base` builds it (nbs
     NOISY_NAME: BaseConfig(init=BASE_NAME, jitter=0.2, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=1),
     LONG_NAME: BaseConfig(init=BASE_NAME, jitter=0.2, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=1,
                           max_chars=1800, max_new_tokens=800),
+    REVISER_NAME: BaseConfig(init=LONG_NAME, jitter=0.2, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=2,
+                             max_chars=3000, max_new_tokens=800, revise=0.5, repair=0.5),
 }
 
 
