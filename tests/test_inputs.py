@@ -53,6 +53,26 @@ def test_resume_training_still_resumes(tmp_path, one_torch_thread):
     assert info["resumed_from"] == 1 and info["steps_done"] == 2 and log
 
 
+@pytest.mark.parametrize("kw, bad", [(dict(revise=1.5, jitter=0.2), "revise 1.5"), (dict(repair=-0.1), "repair -0.1"),
+                                     (dict(revise=0.5), "revise 0.5 with jitter 0")])
+def test_base_config_refuses_a_bad_revision_share(kw, bad):
+    "A reviser base's knobs are probabilities, and a revision needs the noisy demonstrator's copy to revise."
+    from pixrl.pix.base import BaseConfig
+    with pytest.raises(ValueError, match=bad):
+        BaseConfig(**kw)
+
+
+def test_a_revising_base_trains_on_revision_prompts(tmp_path, one_torch_thread):
+    "revise 1: every scene of a step group is the loop's revision prompt; revise 0 draws nothing more (older bases rebuild)."
+    from pixrl.pix.base import BaseConfig, group_examples
+    from pixrl.pix.tiny import char_tokenizer
+    tok = char_tokenizer(True)
+    plain = group_examples(BaseConfig(**SMALL_BASE, jitter=0.2), 0, tok)
+    revising = group_examples(BaseConfig(**SMALL_BASE, jitter=0.2, revise=1.0, max_chars=3000), 0, tok)
+    assert all("Previous attempt" in tok.decode(ids) for ids, _ in revising)
+    assert not any("Previous attempt" in tok.decode(ids) for ids, _ in plain)
+
+
 def _arm(cfg):
     from pixrl.offset.data import ACTION_NAMES, STATE_FEATURES
     from pixrl.offset.objective import ActionPolicy, JointPolicyObjective
