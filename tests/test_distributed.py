@@ -1,28 +1,31 @@
-"""pix GRPO stages under `accelerate launch` (CampaignConfig.num_processes): a 2-process CPU (gloo) smoke stage
-beside the same stage in 1 process, both started by the campaign CLI as users start them.
+"""pix campaign stages under `accelerate launch` (CampaignConfig.num_processes): arm A's sft-L0 and rl-L0 in 2 CPU
+(gloo) processes, and the same campaign in 1 process, both started by the campaign CLI as users start them.
 
 Checked: each rank generated its share of every batch, the global batch per optimizer step is the config's
 (groups_per_step · num_generations = per device × processes, as TRL computes it), both ranks end with identical trainable
 weights that moved during training, and the 2-process stage's probe is within the paired bootstrap CI
 (`pixrl.stats.paired_bootstrap`, per-task reward) of the 1-process one. A too-large `num_processes` is refused
-before anything trains. An SFT stage (arm A's sft-L0) runs under the same launcher: each rank trains on its
+before anything trains. The SFT stage runs under the same launcher: each rank trains on its
 shard of every batch (sft_batch / num_processes examples), and the ranks end with identical moved weights.
 The mem trainer's 2-process run is in tests/test_mem_distributed.py. Not covered here: GPUs/NCCL, DeepSpeed, vLLM."""
 import json, os, subprocess, sys
 import pytest
 from pixrl.pix.campaign import CampaignConfig, validate, process_capacity
 from pixrl.stats import paired_bootstrap, per_task_means
+from conftest import cache_with_data
 
 pytestmark = pytest.mark.slow      # 2-process stages under accelerate (minutes)
 
 GROUPS, GENERATIONS, STEPS = 2, 4, 2
+SFT, RL = 0, 1                     # arm A's stages at level 0: sft-L0, rl-L0
+SFT_EPOCHS = 0.2                   # of L0's 400 examples: 5 optimizer steps of CampaignConfig().sft_batch (16), 8 per rank
 
 
-def _cmd(root, name, num_processes, arm="B"):
+def _cmd(root, name, num_processes, arm="A"):
     return [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", arm, "--model", "pixrl-tiny", "--runs-root",
             str(root), "--name", name, "--levels", "0", "--steps-per-level", str(STEPS), "--probe-per-level", "2",
             "--probe-k", "2", "--groups-per-step", str(GROUPS), "--num-generations", str(GENERATIONS), "--max-new-tokens", "48",
-            "--lora-r", "8", "--preflight-control-n", "10", "--num-processes", str(num_processes)]
+            "--lora-r", "8", "--preflight-control-n", "10", "--sft-epochs", str(SFT_EPOCHS), "--num-processes", str(num_processes)]
 
 
 def _root_and_env(tmp_path_factory, name):
@@ -30,36 +33,39 @@ def _root_and_env(tmp_path_factory, name):
     if process_capacity()[0] < 2:
         pytest.skip("needs 2 CPU cores or 2 CUDA devices")
     root = tmp_path_factory.mktemp(name)
-    return root, {**os.environ, "PIXRL_CACHE": str(root / "cache"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return root, {**os.environ, "PIXRL_CACHE": cache_with_data(root / "cache"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _run(cmd, env, run_dir, timeout=900):
+    "Run one campaign to its end; on a non-zero exit or a timeout, fail with its output and campaign.log (no process left)."
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        out, _ = p.communicate()
+        out += f"\n[test] killed after {timeout} s"
+    log = run_dir / "campaign.log"
+    assert p.returncode == 0, out[-3000:] + (log.read_text()[-3000:] if log.exists() else "")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    "Run the 1-process and the 2-process campaign side by side; {num_processes: run directory}."
+    """Arm A (sft-L0, then rl-L0) in 1 process, then in 2; {num_processes: run directory}. One after the other: side by
+    side, with the other test worker busy, four processes would share the 2 cores."""
     root, env = _root_and_env(tmp_path_factory, "ddp")
-    procs = {n: subprocess.Popen(_cmd(root / "runs", f"p{n}", n), env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True) for n in (1, 2)}
-    for n, p in procs.items():
-        out, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, out[-3000:] + (root / "runs" / f"p{n}" / "campaign.log").read_text()[-3000:]
+    for n in (1, 2):
+        _run(_cmd(root / "runs", f"p{n}", n), env, root / "runs" / f"p{n}")
     return {n: root / "runs" / f"p{n}" for n in (1, 2)}
 
 
-def _stage(run_dir, k=0) -> dict:
+def _stage(run_dir, k=RL) -> dict:
     return json.loads((run_dir / "state.json").read_text())["stages"][k]
 
 
-@pytest.fixture(scope="module")
-def sft_run(tmp_path_factory):
-    "Arm A (sft-L0, then rl-L0) with 2 processes: the SFT stage's run directory."
-    root, env = _root_and_env(tmp_path_factory, "ddp_sft")
-    p = subprocess.run(_cmd(root / "runs", "a2", 2, arm="A"), env=env, capture_output=True, text=True, timeout=400)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return root / "runs" / "a2"
-
-
-def test_two_process_sft_stage(sft_run):
-    st = _stage(sft_run, 0)
+def test_two_process_sft_stage(runs):
+    sft_run = runs[2]
+    st = _stage(sft_run, SFT)
     assert st["name"] == "sft-L0" and st["status"] in ("done", "gate_failed"), st
     ranks = st["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {2}
@@ -68,7 +74,7 @@ def test_two_process_sft_stage(sft_run):
         assert r["per_device_batch"] * 2 == CampaignConfig().sft_batch
         assert 0 < r["seen"] <= r["per_device_batch"] * r["global_step"]     # this rank trained on its shard only
     assert ranks[0]["seen"] == ranks[1]["seen"]                              # equal shares
-    assert sum(r["seen"] for r in ranks) >= st["n_rows"]                     # together: every example of the epoch
+    assert sum(r["seen"] for r in ranks) == ranks[0]["global_batch"] * st["global_step"] == SFT_EPOCHS * st["n_rows"]   # together: the global batch, every step
     assert ranks[0]["params_digest"] == ranks[1]["params_digest"] != ranks[0]["params_digest_start"]
     assert "accelerate.commands.launch --num_processes 2" in (sft_run / "campaign.log").read_text()
 
@@ -77,7 +83,7 @@ def test_two_process_stage_ran_under_accelerate(runs):
     log = (runs[2] / "campaign.log").read_text()
     assert "accelerate.commands.launch --num_processes 2" in log
     assert "accelerate.commands.launch" not in (runs[1] / "campaign.log").read_text()   # 1 process: plain python
-    assert _stage(runs[1])["ranks"] is None
+    assert _stage(runs[1])["ranks"] is None and _stage(runs[1], SFT)["ranks"] is None
     assert _stage(runs[2])["status"] == "done" and _stage(runs[2])["global_step"] == STEPS
 
 

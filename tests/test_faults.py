@@ -7,6 +7,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import cache_with_data
 
 STEPS = 4
 
@@ -22,7 +23,7 @@ def _cmd(root, name):
 def world(tmp_path_factory):
     "A shared PIXRL_CACHE (each campaign has its own id inside it) and the uninterrupted reference run."
     root = tmp_path_factory.mktemp("faults")
-    env = {**os.environ, "PIXRL_CACHE": str(root / "cache"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PIXRL_CACHE": cache_with_data(root / "cache"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     r = subprocess.run(_cmd(root / "runs", "reference"), env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return {"root": root, "env": env, "ref": _probe(root / "runs" / "reference")}

@@ -18,6 +18,7 @@ from pixrl.pix.prompt import PromptSpec, prompt_text
 from pixrl.pix.probe import probe_tasks
 from pixrl.pix.tasks import load_split
 from pixrl.pix.tiny import char_tokenizer, TINY_PROMPT_SPEC, TINY_VLM_PROMPT_SPEC
+from conftest import cache_with_data
 
 REPO = Path(__file__).resolve().parents[1]
 HIDDEN = 64          # every tiny text model: 64 wide, 2 layers, 4 query heads of 16, 2 kv heads
@@ -270,7 +271,7 @@ def test_family_prompt_contract(family, tasks):
 def test_family_smoke_campaign_and_probe(family, tmp_path):
     "Arm B (arm G for the VLMs) as a smoke campaign through the CLI's subprocess stages; the probes and the trained stage."
     name, d = family
-    env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PIXRL_CACHE": cache_with_data(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", ARM[name], "--model", str(d), "--runs-root",
            str(tmp_path / "runs"), "--name", "fam", "--smoke", "--levels", "0", "--probe-per-level", "1", "--probe-k", "1",
            "--max-new-tokens", "16", "--num-generations", "2", "--groups-per-step", "1", "--preflight-control-n", "2"]

@@ -3,6 +3,7 @@ import json
 import pytest
 from pixrl.pix.campaign import (ARMS, LEVELS, build_plan, gate_absolute, gate_relative, validate, CampaignConfig,
                             stage_input, STANDARD_REPLAY)
+from conftest import cache_with_data
 
 
 def _probe(exec_rate, iou, reward, level):
@@ -134,7 +135,7 @@ def test_reward_policy_is_a_campaign_setting(tmp_path):
 def test_the_campaign_reward_reaches_trl_and_the_probe(tmp_path):
     "A smoke stage under shaped_v3b: TRL logs that reward function, the probe and the state name it."
     import os, subprocess, sys
-    env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PIXRL_CACHE": cache_with_data(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "B", "--runs-root", str(tmp_path), "--name", "v3b",
            "--levels", "0", "--smoke", "--probe-per-level", "1", "--probe-k", "2", "--groups-per-step", "1",
            "--max-new-tokens", "48", "--lora-r", "8", "--reward", "shaped_v3b"]
@@ -148,3 +149,23 @@ def test_the_campaign_reward_reaches_trl_and_the_probe(tmp_path):
     assert all(row["pix/teacher_gate"] == 1.0 for row in steps)                  # shaped_v3b: the teacher is ungated
     for name in ("probe_base.json", "probe_0.json"):
         assert json.loads((rd / name).read_text())["config"]["reward"] == "shaped_v3b"
+
+
+@pytest.mark.slow
+def test_a_failed_preflight_stops_the_first_stage_before_anything_trains(tmp_path):
+    """The preflight runs in the first stage's process: a prompt budget too small for the prompts (1024 positions −
+    900 completion tokens) fails its token audit there, the campaign exits naming the preflight and the check, and
+    no probe, checkpoint or stage record was written; the state does not say the preflight passed."""
+    import os, subprocess, sys
+    env = {**os.environ, "PIXRL_CACHE": cache_with_data(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "B", "--model", "pixrl-tiny", "--runs-root",
+           str(tmp_path / "runs"), "--name", "budget", "--levels", "0", "--smoke", "--max-new-tokens", "900"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    assert "preflight failed in the process of 0, before anything trained: check(s) ['token_audit']" in r.stderr
+    rd = tmp_path / "runs" / "budget"
+    assert json.loads((rd / "preflight.json").read_text())["failed"] == ["token_audit"]
+    assert not list(rd.glob("probe_*.json")) and not (rd / "stage_0.json").exists() and not (rd / "stage_base.json").exists()
+    state = json.loads((rd / "state.json").read_text())
+    assert "preflight_passed" not in state and state["base_probe"] is None
+    assert not (tmp_path / "cache" / "campaigns" / state["campaign_id"] / "stage_0").exists()

@@ -5,6 +5,7 @@ import json, os, subprocess, sys
 from pathlib import Path
 
 import pytest
+from conftest import cache_with_data
 
 REPO = Path(__file__).resolve().parents[1]
 COMMON = ["--levels", "0,1", "--steps-per-level", "1", "--sft-epochs", "0.04", "--probe-per-level", "1",
@@ -12,7 +13,7 @@ COMMON = ["--levels", "0,1", "--steps-per-level", "1", "--sft-epochs", "0.04", "
 
 
 def _run(tmp_path, arm, name, *extra):
-    env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PIXRL_CACHE": cache_with_data(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", arm, "--runs-root", str(tmp_path / "runs"),
            "--name", name, *COMMON, *extra]
     r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)

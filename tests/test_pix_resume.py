@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pixrl.pix.campaign import CampaignConfig, probe_points, run_campaign
+from conftest import cache_with_data
 
 ROOT = Path(__file__).parents[1]
 
@@ -21,7 +22,7 @@ def _cmd(root):
 
 @pytest.mark.slow
 def test_sigkill_mid_stage_then_resume(tmp_path):
-    env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PIXRL_CACHE": cache_with_data(tmp_path / "cache"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     run_dir = tmp_path / "runs" / "resume"
     proc = subprocess.Popen(_cmd(tmp_path / "runs"), env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -12,6 +12,7 @@ from pixrl.pix.prompt import prompt_text
 from pixrl.pix.reward import extract_program
 from pixrl.pix.tasks import load_split
 from pixrl.pix.tiny import tiny_dir
+from conftest import cache_with_data
 
 REPO = Path(__file__).resolve().parents[1]
 # Qwen3's rule in plain characters: no-think mode pre-fills an empty thought in the generation prompt
@@ -78,7 +79,7 @@ def test_answer_after_the_thought_is_scored():
 
 @pytest.mark.slow
 def test_arm_c_smoke_runs_at_the_thinking_operating_point(think_dir, tmp_path):
-    env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PIXRL_CACHE": cache_with_data(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "C", "--model", str(think_dir), "--runs-root",
            str(tmp_path / "runs"), "--name", "c", "--smoke", "--levels", "0", "--probe-per-level", "1",
            "--probe-k", "2", "--num-generations", "4", "--groups-per-step", "1", "--max-new-tokens", "40"]

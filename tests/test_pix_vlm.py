@@ -14,6 +14,7 @@ from pixrl.pix.policy import load_policy
 from pixrl.pix.prompt import PromptSpec, prompt_text
 from pixrl.pix.tasks import load_split
 from pixrl.pix.tiny import build_tiny_vlm, tiny_dir, TINY_VLM_PROMPT_SPEC
+from conftest import cache_with_data
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,7 +100,7 @@ def test_text_model_with_vision_spec_is_refused(tmp_path):
 @pytest.mark.slow
 def test_vlm_campaign_sft_and_grpo_end_to_end(vlm_dir, tmp_path):
     "Arm G (SFT-L0 gated -> RL-L0) on the tiny VLM through the campaign runner's subprocess stages."
-    env = {**os.environ, "PIXRL_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PIXRL_CACHE": cache_with_data(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", "G", "--model", str(vlm_dir), "--runs-root",
            str(tmp_path / "runs"), "--name", "vlm", "--smoke", "--levels", "0", "--probe-per-level", "2",
            "--probe-k", "2", "--num-generations", "4", "--groups-per-step", "1", "--max-new-tokens", "24", "--save-steps", "1"]

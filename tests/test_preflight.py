@@ -2,7 +2,6 @@
 (tampered data cache / manifest, whitelist mismatch, token budget, dirty git tree, broken positive
 control); the CLI exits non-zero on failure (preflight area)."""
 import json
-import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -15,6 +14,7 @@ import pixrl.pix.preflight as P
 import pixrl.pix.prompt as PR
 import pixrl.pix.reward as R
 import pixrl.pix.tasks as T
+from conftest import cache_with_data
 
 
 class CharTokenizer:
@@ -47,11 +47,8 @@ def val():
 
 def _copy_cache(tmp_path, monkeypatch):
     "A private copy of the dataset cache under a tmp PIXRL_CACHE (the real cache is never touched)."
-    T.load_split("validation")  # make sure the default cache exists
-    src = T.cache_dir(T.RELEASE)
     dst = tmp_path / "cache"
-    shutil.copytree(src, dst / T.RELEASE, ignore=shutil.ignore_patterns(".lock"))
-    monkeypatch.setenv("PIXRL_CACHE", str(dst))
+    monkeypatch.setenv("PIXRL_CACHE", cache_with_data(dst))
     assert T.cache_dir(T.RELEASE) == dst / T.RELEASE
     return dst / T.RELEASE
 

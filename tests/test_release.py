@@ -7,6 +7,7 @@ import pytest
 
 from pixrl.cli import main as pixrl_main
 from pixrl.release import make_release, sha256_file
+from conftest import cache_with_data
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "runs" / "bench_base" / "bench.json"
@@ -90,7 +91,7 @@ CAMPAIGN = ["--arm", "B", "--model", "pixrl-tiny", "--name", "rel", "--levels", 
 def campaign(tmp_path_factory):
     "A tiny real campaign (pixrl-tiny, arm B, one 2-step RL stage on L0): (run dir, its PIXRL_CACHE)."
     root = tmp_path_factory.mktemp("campaign")
-    env = {**os.environ, "PIXRL_CACHE": str(root / "cache"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PIXRL_CACHE": cache_with_data(root / "cache"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--runs-root", str(root / "runs"), *CAMPAIGN]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

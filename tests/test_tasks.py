@@ -2,13 +2,13 @@
 tamper detection, cache rebuild, bad input (foundation area)."""
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
 
 import pixrl.pix.tasks as T
 from pixrl.pix.geometry import Grid, RenderError, check_footprint, mask_sha256, rasterize, render, run_program
+from conftest import cache_with_data
 
 
 @pytest.fixture(scope="module")
@@ -18,11 +18,9 @@ def release():
 
 
 def _copy_cache(tmp_path, monkeypatch):
-    src = T.cache_dir(T.RELEASE)
-    T.load_split("test")  # make sure the default cache exists
+    "A private copy of the dataset cache under a tmp PIXRL_CACHE (the real cache is never touched)."
     dst = tmp_path / "cache"
-    shutil.copytree(src, dst / T.RELEASE, ignore=shutil.ignore_patterns(".lock"))
-    monkeypatch.setenv("PIXRL_CACHE", str(dst))
+    monkeypatch.setenv("PIXRL_CACHE", cache_with_data(dst))
     assert T.cache_dir(T.RELEASE) == dst / T.RELEASE
     return dst / T.RELEASE
 

@@ -10,6 +10,7 @@ import pytest
 import pixrl.pix.campaign as campaign
 from pixrl.pix.campaign import CampaignConfig, validate
 from pixrl.tracking import ProgressDisplay, check_report_to
+from conftest import cache_with_data
 
 TINY = dict(arm="B", model="pixrl-tiny", levels=(0,), smoke=True, probe_per_level=1, probe_k=2, groups_per_step=1,
             max_new_tokens=48, lora_r=8, preflight_control_n=10)
@@ -18,7 +19,7 @@ TINY = dict(arm="B", model="pixrl-tiny", levels=(0,), smoke=True, probe_per_leve
 def test_unknown_report_to_refused_before_anything_trains(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pixrl.pix.campaign", "run", "--model", "pixrl-tiny", "--runs-root",
                         str(tmp_path), "--name", "bad", "--report-to", "wandb"],
-                       env={**os.environ, "PIXRL_CACHE": str(tmp_path / "cache")}, capture_output=True, text=True)
+                       env={**os.environ, "PIXRL_CACHE": cache_with_data(tmp_path / "cache")}, capture_output=True, text=True)
     assert r.returncode == 2
     assert "unknown report_to 'wandb'; accepted: none, trackio, tensorboard" in r.stderr
     assert not (tmp_path / "bad").exists()                         # refused before a run directory exists
@@ -51,7 +52,7 @@ class Recorder(ProgressDisplay):
 
 def test_trackio_campaign_shows_progress_while_it_runs(tmp_path, monkeypatch):
     pytest.importorskip("trackio")
-    monkeypatch.setenv("PIXRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIXRL_CACHE", cache_with_data(tmp_path / "cache"))
     monkeypatch.setattr(campaign, "ProgressDisplay", Recorder)
     cfg = CampaignConfig(runs_root=str(tmp_path), name="tracked", report_to="trackio", **TINY)
     state = campaign.run_campaign(cfg)
@@ -75,7 +76,7 @@ def test_trackio_campaign_shows_progress_while_it_runs(tmp_path, monkeypatch):
 def test_tensorboard_campaign_writes_each_stage_steps(tmp_path, monkeypatch):
     "report_to=tensorboard on a campaign: each stage's TRL step metrics in <run_dir>/tracking/tensorboard/<stage run>."
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    monkeypatch.setenv("PIXRL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIXRL_CACHE", cache_with_data(tmp_path / "cache"))
     cfg = CampaignConfig(runs_root=str(tmp_path), name="tb", report_to="tensorboard", **TINY)
     state = campaign.run_campaign(cfg)
     assert [s["status"] for s in state["stages"]] == ["done"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import PIXRL_META, Timer, repo_root, run_record
-from .harvest import sample_and_verify, task_prompts
+from .harvest import attempt_iou, sample_and_verify, task_prompts
 from .tasks import Task, release_digest
 
 # %% auto #0
@@ -184,8 +184,7 @@ def _add_revision(row: dict, r: int, fb: str, attempts: list[dict], fresh: bool 
 def _close_row(row: dict) -> None:
     "After the last round: the champion's own feedback and the best init-round IoU (non-executable: 0.0)."
     row["champion"]["feedback"] = feedback(row["champion"])
-    row["init_best_iou"] = max((a["iou"] or 0.0) if a["status"] == "OK" else 0.0
-                               for a in row["rounds"][0]["attempts"])
+    row["init_best_iou"] = max(attempt_iou(a) for a in row["rounds"][0]["attempts"])
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #9af2f701
 def _code(row: dict) -> str:
@@ -227,16 +226,12 @@ def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(),
             "summary": loop_summary(rows), "tasks": rows}
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #bca9bf2b
-def _iou0(a: dict) -> float:
-    "IoU of an attempt, 0.0 for a non-executable one (used only in means, with the exec count beside it)."
-    return float(a["iou"] or 0.0) if a["status"] == "OK" else 0.0
-
 def loop_summary(rows: list[dict]) -> dict:
     "Means over tasks: champion IoU / reward, init best-of-n IoU, executable champions, revisions that won."
     n = len(rows)
     return {"n_tasks": n,
             "n_executable_champions": sum(r["champion"]["status"] == "OK" for r in rows),
-            "mean_champion_iou": sum(_iou0(r["champion"]) for r in rows) / n,
+            "mean_champion_iou": sum(attempt_iou(r["champion"]) for r in rows) / n,
             "mean_champion_reward": sum(r["champion"]["reward"] for r in rows) / n,
             "mean_init_best_iou": sum(r["init_best_iou"] for r in rows) / n,
             "n_champions_from_revision": sum(r["champion"]["round"] > 0 for r in rows)}
@@ -263,13 +258,13 @@ def best_of_plain(policy, tasks: list[Task], loop: dict) -> list[float]:
     extra = sample_and_verify(policy, tasks, prompts, extra_n, seed=c["seed"] + PLAIN_SEED_OFFSET,
                               temperature=c["temperature"], max_new_tokens=c["max_new_tokens"],
                               representation=c["representation"]) if extra_n else [[] for _ in tasks]
-    return [max(_iou0(a) for a in row["rounds"][0]["attempts"] + more) for row, more in zip(loop["tasks"], extra)]
+    return [max(attempt_iou(a) for a in row["rounds"][0]["attempts"] + more) for row, more in zip(loop["tasks"], extra)]
 
 def loop_vs_plain(loop: dict, best_plain: list[float]) -> dict:
     """The loop's champion IoU against best-of-n plain IoU at the same budget, paired over tasks: {budget, means,
     the paired bootstrap of champion − plain (`pixrl.stats.paired_bootstrap`), share of champions from a revision}."""
     from pixrl.stats import paired_bootstrap
-    champ = [_iou0(r["champion"]) for r in loop["tasks"]]
+    champ = [attempt_iou(r["champion"]) for r in loop["tasks"]]
     if len(best_plain) != len(champ):
         raise ValueError(f"loop_vs_plain: {len(best_plain)} best-of-n values for {len(champ)} loop tasks")
     ci = paired_bootstrap(best_plain, champ)                         # mean of champion − plain
@@ -305,10 +300,10 @@ def check_loop_record(loop: dict, where: str = "loop record") -> dict:
     again = verify(tasks, codes, representation=loop["config"]["representation"])
     for row, (a,) in zip(rows, again):
         c = row["champion"]
-        if a["status"] != c["status"] or abs(_iou0(a) - _iou0(c)) > IOU_TOL:
+        if a["status"] != c["status"] or abs(attempt_iou(a) - attempt_iou(c)) > IOU_TOL:
             raise ValueError(f"{where}: task {row['task_id']}: the champion (round {c['round']}, attempt {c['attempt']}) "
-                             f"re-evaluates to {a['status']} IoU {_iou0(a)!r}, the record says {c['status']} IoU "
-                             f"{_iou0(c)!r}; accepted: a champion that re-evaluates to its recorded IoU (±{IOU_TOL})")
+                             f"re-evaluates to {a['status']} IoU {attempt_iou(a)!r}, the record says {c['status']} IoU "
+                             f"{attempt_iou(c)!r}; accepted: a champion that re-evaluates to its recorded IoU (±{IOU_TOL})")
     recorded = loop["summary"]
     bad = {k: (recorded.get(k), v) for k, v in loop_summary(rows).items() if _differs(recorded.get(k), v)}
     if bad:

@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..core import Timer
-from .harvest import sample_and_verify, task_prompts
+from .harvest import attempt_iou, sample_and_verify, task_prompts
 from .reward import DEFAULT_REWARD
 from .tasks import Task, load_split, release_digest
 
@@ -44,10 +44,6 @@ def benchmark_tasks(n_families: int = BENCH_FAMILIES, per_family: int = BENCH_PE
     return [t for f in picked for t in sorted(by_family[f], key=lambda t: t.id)[:per_family]]
 
 # %% ../../nbs/pix/12a_bench.ipynb #e3c380fb
-def _iou0(a: dict) -> float:
-    "IoU of a sample; a non-executable sample counts 0 (reported beside the executable rate)."
-    return float(a["iou"] or 0.0) if a["status"] == "OK" else 0.0
-
 def champion_index(attempts: list[dict]) -> int:
     "Best shaped reward; the earliest sample wins ties."
     return max(range(len(attempts)), key=lambda i: (attempts[i]["reward"], -i))
@@ -61,9 +57,9 @@ def bench_metrics(rows: list[dict]) -> dict:
     return {"n_tasks": len(rows), "n_samples": len(samples),
             "exec_rate": len(ok) / len(samples),
             "tasks_any_exec": sum(any(a["status"] == "OK" for a in r["samples"]) for r in rows),
-            "mean_iou": sum(map(_iou0, samples)) / len(samples),
-            "mean_iou_exec": (sum(map(_iou0, ok)) / len(ok)) if ok else None,
-            "best_of_n_iou": sum(max(map(_iou0, r["samples"])) for r in rows) / len(rows),
+            "mean_iou": sum(map(attempt_iou, samples)) / len(samples),
+            "mean_iou_exec": (sum(map(attempt_iou, ok)) / len(ok)) if ok else None,
+            "best_of_n_iou": sum(max(map(attempt_iou, r["samples"])) for r in rows) / len(rows),
             "mean_reward": sum(a["reward"] for a in samples) / len(samples)}
 
 def summarise(rows: list[dict]) -> dict:

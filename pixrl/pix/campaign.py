@@ -181,7 +181,8 @@ def stage_run_name(k, name: str) -> str:
 
 # %% ../../nbs/pix/09_campaign.ipynb #d43ef914
 def run_stage(run_dir, k, report_to: str = "none") -> dict:
-    """Execute stage k (or the base probe for k='base') of the campaign in `run_dir`; writes stage_<k>.json.
+    """Execute stage k (or the base probe for k='base', the preflight for k='preflight') of the campaign in `run_dir`;
+    writes stage_<k>.json. The first stage's process runs the preflight and the base probe first when they are pending.
     `report_to`: the tracker TRL reports to (its directory comes in the environment: `pixrl.tracking.tracker_env`);
     every logged step is appended to `<run_dir>/progress.jsonl` for the parent's progress display."""
     run_dir = Path(run_dir)
@@ -189,10 +190,14 @@ def run_stage(run_dir, k, report_to: str = "none") -> dict:
     state["run_dir"] = str(run_dir)
     if k == "preflight":
         return run_preflight_stage(state, run_dir)
+    from pixrl.core import is_main_rank, world_size
+    if not state.get("preflight_passed"):
+        if world_size() > 1:
+            raise RuntimeError("the preflight runs in one process: the parent runs it before a multi-process stage")
+        run_preflight_stage(state, run_dir)      # in the first stage's process; raises before anything below runs
     c = state["config"]
     set_seed(c["seed"])
     op = operating_point(c)
-    from pixrl.core import is_main_rank, world_size
     if k == "base" or not (state["base_probe"] or (run_dir / "stage_base.json").exists()):
         if world_size() > 1:
             raise RuntimeError("the base probe runs in one process: the parent runs it before a multi-process stage")
@@ -368,15 +373,38 @@ def _run_locked(cfg: CampaignConfig, plan: RunPlan, verbose: bool) -> dict:
             state["base_probe"] = read_json(rd / "stage_base.json", "stage record")["probe"]
             save_state(rd, state)
     _base_done()
-    if not state.get("preflight_passed"):      # once per campaign, before anything trains; no entry point skips it
-        say("preflight")
-        _sub(rd, "preflight", log)
+    pending = not all(s["status"] in ("done", "gate_failed", "forked") for s in state["stages"])
+    def _preflight_done():
         state["preflight_passed"] = _now()
         save_state(rd, state)
-    pending = not all(s["status"] in ("done", "gate_failed", "forked") for s in state["stages"])
-    if not state["base_probe"] and (not pending or cfg.num_processes > 1):   # a multi-process stage does not probe
+    def _first(k, *args):
+        "Run the campaign's first process (stage or base probe k); a preflight that failed in it is named as such."
+        pf = rd / "preflight.json"
+        if not state.get("preflight_passed"):
+            pf.unlink(missing_ok=True)         # what is read after a failure is this attempt's report
+        try:
+            _sub(rd, k, log, *args)
+        except RuntimeError as e:
+            report = read_json(pf, "preflight report") if pf.exists() and not state.get("preflight_passed") else None
+            if report is None or report["ok"]:
+                raise
+            raise RuntimeError(f"preflight failed in the process of {k!r}, before anything trained: check(s) "
+                               f"{report['failed']} did not pass; report {pf}, log {log}") from e
+        if not state.get("preflight_passed"):
+            _preflight_done()
+    base_apart = not state["base_probe"] and (not pending or cfg.num_processes > 1)   # a multi-process stage does not probe
+    if not state.get("preflight_passed"):      # once per campaign, before anything trains; no entry point skips it
+        if base_apart:
+            say("preflight (in the base probe's process)")
+        elif pending and cfg.num_processes == 1:
+            say("preflight (in the first stage's process)")
+        else:
+            say("preflight")
+            _sub(rd, "preflight", log)
+            _preflight_done()
+    if base_apart:
         say("base probe")
-        _sub(rd, "base", log)
+        _first("base")
         _base_done()
     for k, s in enumerate(plan.stages):
         rec = state["stages"][k]
@@ -395,7 +423,7 @@ def _run_locked(cfg: CampaignConfig, plan: RunPlan, verbose: bool) -> dict:
         if bar:
             bar.start(k, s.name)
         n_proc = cfg.num_processes
-        _sub(rd, k, log, cfg.report_to, stage_run_name(k, s.name), bar.update if bar else None, n_proc)
+        _first(k, cfg.report_to, stage_run_name(k, s.name), bar.update if bar else None, n_proc)
         _base_done()
         out = read_json(rd / f"stage_{k}.json", "stage record")
         rec.update(out)

@@ -10,9 +10,9 @@ from .reward import rect_baseline, shaped_breakdown, extract_program, DEFAULT_RE
 from .tasks import Task, get_task, load_split
 
 # %% auto #0
-__all__ = ['WIN_IOU_N', 'WINNERS_KIND', 'attempt_record', 'verify', 'policy_prompt', 'task_prompts', 'sample_and_verify',
-           'train_tasks_only', 'harvest', 'select_winners', 'apply_winner_labels', 'save_winners', 'load_winners',
-           'load_winner_tasks']
+__all__ = ['WIN_IOU_N', 'WINNERS_KIND', 'attempt_record', 'attempt_iou', 'verify', 'policy_prompt', 'task_prompts',
+           'sample_and_verify', 'train_tasks_only', 'harvest', 'select_winners', 'apply_winner_labels', 'save_winners',
+           'load_winners', 'load_winner_tasks']
 
 # %% ../../nbs/pix/10_harvest.ipynb #84fe9ff8
 WIN_IOU_N = 0.5  # the harvest gate: iou_n >= 0.5 (iou_n from pixrl.pix.reward.shaped_breakdown)
@@ -35,6 +35,10 @@ def attempt_record(code: str, result: EvalResult, breakdown: dict) -> dict:
             "extra_um": _num(result.extra_um), "missing_um": _num(result.missing_um),
             "n_shapes": result.n_shapes,
             **{k: (bool(v) if k in ("degenerate", "executable") else _num(v)) for k, v in breakdown.items()}}
+
+def attempt_iou(a: dict) -> float:
+    "The IoU of an attempt record, 0.0 for one that did not execute (used in means, reported beside the exec rate)."
+    return float(a["iou"] or 0.0) if a["status"] == "OK" else 0.0
 
 # %% ../../nbs/pix/10_harvest.ipynb #45f223f8
 def verify(tasks: list[Task], codes: list[list[str]], representation: str = "py",
