@@ -41,7 +41,7 @@ def ranks(tmp_path_factory):
            "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
            str(d / "train.py"), str(d)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return [json.loads((d / f"rank_{r}.json").read_text()) for r in (0, 1)]
 

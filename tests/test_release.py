@@ -93,7 +93,7 @@ def campaign(tmp_path_factory):
     root = tmp_path_factory.mktemp("campaign")
     env = {**os.environ, "PIXRL_CACHE": cache_with_data(root / "cache"), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "pixrl.pix.campaign", "run", "--runs-root", str(root / "runs"), *CAMPAIGN]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return root / "runs" / "rel", root / "cache"
 

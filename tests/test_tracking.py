@@ -127,6 +127,6 @@ def test_mem_trainer_logs_through_report_to(tmp_path, tracker, pattern):
         trainer.close()
     """)
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"},
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert list((tmp_path / "mem_run" / "tracking" / tracker).glob(pattern))

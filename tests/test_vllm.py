@@ -85,7 +85,7 @@ def test_serve_release_with_vllm(tmp_path):
     eos = tok.eos_token_id
     tasks = probe_tasks()[::10][:N_PROMPTS]
     assert len(tasks) == N_PROMPTS
-    with start_server(RELEASE, backend="vllm", startup_timeout=300, log_path=tmp_path / "server.log") as srv:
+    with start_server(RELEASE, backend="vllm", startup_timeout=600, log_path=tmp_path / "server.log") as srv:
         same_ids = same_text = 0
         for t in tasks:
             prompt = policy.prompt(t)
@@ -144,7 +144,7 @@ def test_serve_base_plus_adapter_matches_peft(tmp_path):
     eos = policy.tokenizer.eos_token_id
     tasks = probe_tasks()[::10][:N_PROMPTS]
     changed = same = 0
-    with start_server(export, backend="vllm", enable_lora=True, startup_timeout=300) as srv:
+    with start_server(export, backend="vllm", enable_lora=True, startup_timeout=600) as srv:
         assert srv.model == ADAPTER_NAME
         for t in tasks:
             ids = policy.tokenizer(policy.prompt(t), add_special_tokens=False)["input_ids"]
