@@ -12,6 +12,7 @@ import transformers
 from transformers import GenerationConfig
 
 from pixrl.core import PIXRL_META
+from pixrl.pix.campaign import token_budget
 from pixrl.pix.grpo import rl_dataset, sft_dataset
 from pixrl.pix.policy import image_only_processor, load_policy
 from pixrl.pix.prompt import PromptSpec, prompt_text
@@ -289,6 +290,23 @@ def test_family_smoke_campaign_and_probe(family, tmp_path):
     task = probe_tasks(1)[0]
     assert final.vision == base.vision and final.prompt(task) == base.prompt(task)
     assert type(final.model) is type(base.model) and probe_ids(final, task)["input_ids"] == probe_ids(base, task)["input_ids"]
+
+
+def test_token_budget_counts_the_attached_image(family, tasks):
+    """The prompt budget takes off what the processor adds for the image beyond the tokenizer's count of the prompt
+    text — for Qwen-VL one `<|image_pad|>` becomes 16 merged patches (no config field holds that number; before, the
+    budget counted 0) — and refuses a completion budget that leaves no room for a prompt."""
+    name, d = family
+    pol = _policy(name, d)
+    p = pol.prompt(tasks[0])
+    fed = pol._encode([p], pol.images(tasks[:1]))["input_ids"].shape[1]          # what the model is fed
+    counted = len(pol.tokenizer(p, add_special_tokens=False)["input_ids"])     # what the preflight's audit counts
+    assert fed - counted == (15 if name in VISION else 0)
+    ctx = pol.model.config.get_text_config().max_position_embeddings
+    assert token_budget(pol, 16) == ctx - 16 - (fed - counted)
+    with pytest.raises(ValueError, match=rf"context of {ctx} tokens holds no prompt beside a completion budget of "
+                                         rf"{ctx - fed + counted} and {fed - counted} image tokens"):
+        token_budget(pol, ctx - (fed - counted))
 
 
 def test_vlm_without_an_offline_image_processor_is_refused(tmp_path):

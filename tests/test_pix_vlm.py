@@ -44,6 +44,16 @@ def test_vlm_loads_with_processor_and_attached_image_prompt(vlm_dir, tasks):
     assert np.array_equal(np.asarray(imgs[0]) == 0, np.asarray(tasks[0].model_image, bool))  # ink = black
 
 
+def test_vlm_token_budget_takes_off_the_image(vlm_dir, tasks):
+    "LLaVA's one `<image>` slot is fed as image_seq_length tokens: the budget takes off the 63 the tokenizer does not count."
+    from pixrl.pix.campaign import image_tokens, token_budget
+    pol = load_policy(str(vlm_dir))
+    p = pol.prompt(tasks[0])
+    fed = pol._encode([p], pol.images(tasks[:1]))["input_ids"].shape[1]
+    assert image_tokens(pol) == fed - len(pol.tokenizer(p, add_special_tokens=False)["input_ids"]) == 63
+    assert token_budget(pol, 96) == 2048 - 96 - 63
+
+
 def test_vlm_prompt_identical_in_probe_rl_and_sft(vlm_dir, tasks):
     "What TRL renders from the GRPO and SFT rows (image column + conversational prompt) is `policy.prompt(task)`."
     pol = load_policy(str(vlm_dir))

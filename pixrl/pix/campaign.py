@@ -15,14 +15,14 @@ from .campaign_config import (LATER_FIELDS, LOSS_TYPES, RENAMED, SCALE_REWARDS, 
                                        process_capacity, recipe, refuse_renamed, validate)
 
 # %% auto #0
-__all__ = ['POLL_S', 'load_state', 'save_state', 'ckpt_dir', 'init_state', 'stage_input', 'trl_settings', 'token_budget',
-           'clean_tree_required', 'run_preflight_stage', 'campaign_reward', 'canary_probe', 'stage_run_name',
-           'run_stage', 'stage_command', 'CampaignBusy', 'run_dir_lock', 'run_campaign', 'probe_points', 'cli_main',
-           'LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_STEPS', 'ARMS', 'THINKING_ARMS',
-           'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'Arm', 'Stage', 'RunPlan', 'build_plan', 'operating_point',
-           'gate_absolute', 'gate_relative', 'SCALE_REWARDS', 'LOSS_TYPES', 'LATER_FIELDS', 'UNTRAINED', 'RENAMED',
-           'current_names', 'refuse_renamed', 'recipe', 'config_fingerprint', 'CampaignConfig', 'process_capacity',
-           'check_num_processes', 'validate']
+__all__ = ['POLL_S', 'load_state', 'save_state', 'ckpt_dir', 'init_state', 'stage_input', 'trl_settings', 'image_tokens',
+           'token_budget', 'clean_tree_required', 'run_preflight_stage', 'campaign_reward', 'canary_probe',
+           'stage_run_name', 'run_stage', 'stage_command', 'CampaignBusy', 'run_dir_lock', 'run_campaign',
+           'probe_points', 'cli_main', 'LEVELS', 'STANDARD_REPLAY', 'MIXED_REPLAY', 'CANARY_EVERY', 'SMOKE_STEPS',
+           'ARMS', 'THINKING_ARMS', 'THINK_MAX_NEW_TOKENS', 'EXEC_SLACK', 'Arm', 'Stage', 'RunPlan', 'build_plan',
+           'operating_point', 'gate_absolute', 'gate_relative', 'SCALE_REWARDS', 'LOSS_TYPES', 'LATER_FIELDS',
+           'UNTRAINED', 'RENAMED', 'current_names', 'refuse_renamed', 'recipe', 'config_fingerprint', 'CampaignConfig',
+           'process_capacity', 'check_num_processes', 'validate']
 
 # %% ../../nbs/pix/09_campaign.ipynb #97cc216a
 _all_ = ["LEVELS", "STANDARD_REPLAY", "MIXED_REPLAY", "CANARY_EVERY", "SMOKE_STEPS", "ARMS", "THINKING_ARMS",
@@ -116,11 +116,31 @@ def trl_settings(config: dict) -> dict:
     return {"scale_rewards": config.get("scale_rewards", "group"), "loss_type": config.get("loss_type", "dapo"),
             "beta": config.get("beta", 0.0), "num_iterations": config.get("num_iterations", 1)}
 
+def image_tokens(policy) -> int:
+    """Tokens a VLM prompt gains from its attached image beyond what its tokenizer counts for the prompt text (the
+    processor expands the image slot: LLaVA's one `<image>` into `image_seq_length`, Qwen-VL's `<|image_pad|>` into one
+    per merged patch of the grid — a number no config field holds); 0 for a text policy. Measured on the prompt image's
+    size (`prompt_spec.image_size`), the one size every pixrl prompt attaches."""
+    if not policy.vision:
+        return 0
+    from PIL import Image
+    size = policy.prompt_spec.image_size
+    text = policy.feed("x")
+    with_image = policy._encode([text], [Image.new("L", (size, size), 255)])["input_ids"].shape[1]
+    text_only = len(policy.tokenizer(text, add_special_tokens=False)["input_ids"])
+    return with_image - text_only
+
+
 def token_budget(policy, max_new_tokens: int | None) -> int:
-    "Prompt tokens a campaign may use: the text model's context − the completion budget − a fixed image's tokens."
+    """Prompt tokens (as the tokenizer counts them) a campaign may use: the text model's context − the completion
+    budget − the attached image's extra tokens (`image_tokens`). Refused when nothing is left for the prompt."""
     ctx = int(getattr(policy.model.config.get_text_config(), "max_position_embeddings", 4096))   # a VLM: its text model's
-    image_tokens = int(getattr(policy.model.config, "image_seq_length", 0) or 0) if policy.vision else 0
-    return ctx - int(max_new_tokens or policy.max_new_tokens) - image_tokens
+    new = int(max_new_tokens or policy.max_new_tokens)
+    image = image_tokens(policy)
+    if ctx - new - image <= 0:
+        raise ValueError(f"token_budget: {policy.name}'s context of {ctx} tokens holds no prompt beside a completion "
+                         f"budget of {new} and {image} image tokens; accepted: max_new_tokens + image tokens < {ctx}")
+    return ctx - new - image
 
 def clean_tree_required(config: dict, run_dir) -> bool:
     """Whether the preflight of the campaign `config` in `run_dir` requires a clean tree: a recorded campaign

@@ -269,7 +269,7 @@ def check_tokens(tasks_by_split: dict, tokenizer=None, prompt_spec=None, max_pro
     detail = {**base, "budget": budget, "budget_source": source, "n_prompts": len(texts),
               **_length_stats(lengths, ids, split_of, tasks_by_split, budget),
               "prompt_text": how, "note": "counted with tokenizer(text), special tokens included (an upper bound)"
-                                            + ("; image tokens not counted" if spec.vision else "")}
+                                            + ("; image tokens not counted here (a campaign takes them off the budget: `token_budget`)" if spec.vision else "")}
     head = (f"max {detail['max']}, p99 {detail['p99']} tokens over {len(texts)} prompts vs budget {budget} ({source}; "
             f"{how})")
     n_over = detail["n_over"]
