@@ -11,7 +11,7 @@ STAMP := $(VENV)/.pixrl-setup
 # worker on 2 cores wait on each other (a GRPO step measured 25 s instead of 0.95 s)
 TEST_WORKERS ?= 2
 
-.PHONY: setup vllm-env test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long base-reviser mem-base mem-ablation export clean-nbs
+.PHONY: setup vllm-env test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long base-reviser base-vl mem-base mem-ablation export clean-nbs
 
 setup: $(STAMP)
 
@@ -75,6 +75,12 @@ base: setup
 	papermill nbs/base.ipynb runs/base_noisy_model.ipynb -p name pixrl-base-noisy --cwd nbs
 	papermill nbs/base.ipynb runs/base_long_model.ipynb -p name pixrl-base-long --cwd nbs
 	papermill nbs/base.ipynb runs/base_reviser_model.ipynb -p name pixrl-base-reviser --cwd nbs
+
+# pixrl-base-vl (issue: a policy that looks): a LLaVA VLM, pixrl-base's language model behind an untrained CLIP tower,
+# pretrained through the image only to write the band program (nbs/pix/06b_base_vl); resumable (checkpoints in
+# $PIXRL_CACHE/base-vl-work); ≈ 2.5 h on 2 cores. Then probe, base bars and the real/shuffled/blank looking test.
+base-vl: setup
+	papermill nbs/base_vl.ipynb runs/base_vl_model.ipynb --cwd nbs
 
 # pixrl-base-noisy alone, from the committed pixrl-base (its sha256 checked first).
 base-noisy: setup

@@ -97,6 +97,18 @@ def test_vlm_sampling_needs_images_and_text_policy_refuses_them(vlm_dir, tasks):
     assert task_prompts(pol, tasks, pol.prompt_spec) == [prompt_text(t, pol.prompt_spec) for t in tasks]
 
 
+def test_vlm_refuses_an_image_of_another_size_or_mode(vlm_dir, tasks):
+    "An image the prompt contract does not attach (another size, RGB) is refused before anything is sampled."
+    from PIL import Image
+    pol = load_policy(str(vlm_dir))
+    prompts = [pol.prompt(t) for t in tasks[:2]]
+    good = pol.images(tasks[:2])
+    with pytest.raises(ValueError, match=r"image 1 is \(32, 32\) mode 'L'; accepted: a 64x64 'L' image"):
+        pol.sample(prompts, images=[good[0], good[1].resize((32, 32))], max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"image 0 is \(64, 64\) mode 'RGB'; accepted"):
+        pol.sample(prompts, images=[good[0].convert("RGB"), good[1]], max_new_tokens=4)
+
+
 def test_text_model_with_vision_spec_is_refused(tmp_path):
     d = tmp_path / "tiny-vision"
     shutil.copytree(tiny_dir(), d)

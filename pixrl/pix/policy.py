@@ -163,6 +163,13 @@ class Policy:
                              f"(got {None if images is None else len(images)} for {len(prompts)} prompts)")
         if images is not None and not self.vision:
             raise ValueError(f"{self.name} is a text policy (prompt_spec.vision=False): it takes no images")
+        if self.vision:
+            want = (self.prompt_spec.image_size,) * 2
+            for i, im in enumerate(images):
+                if getattr(im, "size", None) != want or getattr(im, "mode", None) != "L":
+                    raise ValueError(f"{self.name}: image {i} is {getattr(im, 'size', type(im).__name__)} mode "
+                                     f"{getattr(im, 'mode', None)!r}; accepted: a {want[0]}x{want[1]} 'L' image "
+                                     "(prompt_image: the model image at prompt_spec.image_size)")
         max_new = int(max_new_tokens or self.max_new_tokens)
         tok.padding_side = "left"
         torch.manual_seed(seed)

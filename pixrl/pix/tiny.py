@@ -234,11 +234,14 @@ def _transplant_text(vlm, text_from) -> None:
 # %% ../../nbs/tiny_model.ipynb #20e07850
 def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, patch: int = 8,
                    spec: PromptSpec = TINY_VLM_PROMPT_SPEC, max_new_tokens: int = 96, intermediate: int | None = None,
-                   text_from=None) -> Path:
+                   text_from=None, number_tokens: bool = False, vision_hidden: int | None = None,
+                   vision_layers: int | None = None) -> Path:
     """Save a from-config LLaVA VLM (CLIP tower + projector + Qwen2 text model, pixrl's character tokenizer + chat
     tokens) with its processor and `pixrl.json` to `out_dir`; deterministic from `seed`. Untrained, unless
     `text_from` (a model directory of the same text shape, e.g. `tiny_dir()` with hidden=128, layers=4,
-    intermediate=384) supplies the language model's weights; its vision tower and projector are always untrained."""
+    intermediate=384) supplies the language model's weights; its vision tower and projector are always untrained.
+    `number_tokens`: the band bases' vocabulary (`char_tokenizer(number_tokens=True)`, e.g. for `text_from` pixrl-base);
+    `vision_hidden` / `vision_layers`: the CLIP tower's width and depth (default hidden // 2 and layers)."""
     from transformers import (LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor, CLIPVisionConfig,
                               CLIPImageProcessorPil)
     if not spec.vision:
@@ -246,7 +249,7 @@ def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, pa
     S = spec.image_size
     if S % patch:
         raise ValueError(f"build_tiny_vlm: image_size {S} is not a multiple of patch {patch}")
-    tok = char_tokenizer()
+    tok = char_tokenizer(number_tokens)
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", VLM_IMAGE_TOKEN]})
     tok.eos_token = "<|im_end|>"                       # an assistant turn ends the completion; pad stays <|endoftext|>
     tok.chat_template = VLM_CHAT_TEMPLATE
@@ -258,8 +261,9 @@ def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, pa
     text = tiny_config(vocab_size=len(tok), hidden=hidden, layers=layers, intermediate=intermediate or 2 * hidden,
                        max_positions=2048)
     text.eos_token_id, text.bos_token_id, text.pad_token_id = eos, eos, pad
-    vision = CLIPVisionConfig(hidden_size=hidden // 2, intermediate_size=hidden, num_hidden_layers=layers,
-                              num_attention_heads=2, image_size=S, patch_size=patch, projection_dim=hidden // 2)
+    vw = vision_hidden or hidden // 2
+    vision = CLIPVisionConfig(hidden_size=vw, intermediate_size=2 * vw, num_hidden_layers=vision_layers or layers,
+                              num_attention_heads=2, image_size=S, patch_size=patch, projection_dim=vw)
     cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_id=tok.convert_tokens_to_ids(VLM_IMAGE_TOKEN),
                       vision_feature_select_strategy="default", vision_feature_layer=-1,
                       image_seq_length=(S // patch) ** 2, tie_word_embeddings=True)
