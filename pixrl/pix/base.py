@@ -18,8 +18,8 @@ from .tiny import SceneTask, MODEL_IMAGE_SHAPE, char_tokenizer, save_tiny
 __all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'BASE_BUILDS',
            'cell_primitive', 'cell_scene', 'cell_stream', 'band_program', 'band_source', 'target_program',
            'jitter_bands', 'repair_bands', 'revision_example', 'band_calls', 'copy_errors', 'BaseConfig',
-           'group_examples', 'demonstrator_rng', 'step_examples', 'initial_model', 'train_base', 'build_base',
-           'base_build']
+           'group_examples', 'demonstrator_rng', 'step_examples', 'initial_model', 'pretrain_loop', 'train_base',
+           'build_base', 'base_build']
 
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2d7
 BASE_CELLS = 32
@@ -344,21 +344,22 @@ def initial_model(cfg: BaseConfig):
     return model
 
 # %% ../../nbs/pix/06a_base.ipynb #504073dc
-def train_base(cfg: BaseConfig, work_dir, verbose: bool = False, stop_after: int | None = None) -> tuple:
-    """Pretrain (or resume) pixrl-base in `work_dir`; returns (model, tokenizer, log, info).
-    `stop_after`: return after that many steps of this call (an interruption, for tests)."""
+def pretrain_loop(cfg, model, work_dir, batch_of, weight_decay: float, verbose: bool = False,
+                  stop_after: int | None = None) -> tuple[list, dict]:
+    """The pretraining loop of every pixrl base (`train_base`; `pixrl.pix.base_vl.train_vl_base`): AdamW
+    (`weight_decay`) on `cfg.lr_at`'s schedule, grad-norm clip 1.0, `batch_of(step)` → the model's keyword batch (labels
+    included); a log line every 20 steps; a checkpoint every `cfg.ckpt_every` (and at the end, or where `stop_after`
+    interrupts it) in `work_dir/ckpt`, resumed from there (a checkpoint of another config is refused). `cfg` has `lr`,
+    `lr_at`, `steps` and `ckpt_every`. Returns (log, info)."""
     work = Path(work_dir)
-    tok = char_tokenizer(cfg.number_tokens)
-    set_seed(cfg.seed)
-    model = initial_model(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: cfg.lr_at(t) / cfg.lr)
     start, log = resume_training(work / "ckpt", dataclasses.asdict(cfg), model, opt, sched)
     model.train()
-    ran, cache = 0, {}
+    ran = 0
     with Timer() as t:
         for step in range(start, cfg.steps):
-            batch = collate(step_examples(cfg, step, tok, cache), tok.pad_token_id)   # (B, T) each
+            batch = batch_of(step)                     # (B, T) tensors each (+ a VLM's image tensors)
             loss = model(**batch).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -369,7 +370,7 @@ def train_base(cfg: BaseConfig, work_dir, verbose: bool = False, stop_after: int
             done = step + 1
             if step % 20 == 0 or done == cfg.steps:
                 t.__exit__()
-                log.append({"step": step, "loss": round(float(loss), 4), "lr": cfg.lr_at(step),
+                log.append({"step": step, "loss": round(loss.item(), 4), "lr": cfg.lr_at(step),
                             "tokens": int(batch["attention_mask"].sum()), "seconds_this_run": round(t.seconds, 1)})
                 if verbose:
                     print(log[-1], flush=True)
@@ -382,7 +383,20 @@ def train_base(cfg: BaseConfig, work_dir, verbose: bool = False, stop_after: int
     model.eval()
     info = {"steps_done": start + ran, "resumed_from": start, "seconds_this_run": round(t.seconds, 1),
             "params": sum(p.numel() for p in model.parameters())}
+    return log, info
+
+
+def train_base(cfg: BaseConfig, work_dir, verbose: bool = False, stop_after: int | None = None) -> tuple:
+    """Pretrain (or resume) pixrl-base in `work_dir` (`pretrain_loop`, weight decay 0.01); returns (model, tokenizer,
+    log, info). `stop_after`: return after that many steps of this call (an interruption, for tests)."""
+    tok = char_tokenizer(cfg.number_tokens)
+    set_seed(cfg.seed)
+    model = initial_model(cfg)
+    cache = {}
+    log, info = pretrain_loop(cfg, model, work_dir, lambda step: collate(step_examples(cfg, step, tok, cache), tok.pad_token_id),
+                              weight_decay=0.01, verbose=verbose, stop_after=stop_after)
     return model, tok, log, info
+
 
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2e2
 def build_base(cfg: BaseConfig, out_dir, work_dir, verbose: bool = False) -> dict:

@@ -6,9 +6,9 @@ import dataclasses, json, math
 from pathlib import Path
 import numpy as np
 import torch
-from ..core import PIXRL_META, Timer, set_seed
-from ..lm import model_dir_sha256, resume_training, save_checkpoint
-from .base import band_program, cell_stream
+from ..core import PIXRL_META, set_seed
+from ..lm import model_dir_sha256
+from .base import band_program, cell_stream, pretrain_loop
 from .prompt import PromptSpec, format_answer, prompt_image
 from .tiny import build_tiny_vlm, MODEL_IMAGE_SHAPE
 
@@ -109,8 +109,8 @@ def vl_batch(policy, scenes: list, cells: int) -> dict:
 
 # %% ../../nbs/pix/06b_base_vl.ipynb #c012
 def train_vl_base(cfg: VLBaseConfig, work_dir, verbose: bool = False, stop_after: int | None = None) -> tuple:
-    """Pretrain (or resume) the VL base in `work_dir`; returns (policy, log, info). `stop_after`: return after that
-    many steps of this call (an interruption, for tests)."""
+    """Pretrain (or resume) the VL base in `work_dir` (`pixrl.pix.base.pretrain_loop`, no weight decay); returns
+    (policy, log, info). `stop_after`: return after that many steps of this call (an interruption, for tests)."""
     from pixrl.pix.policy import load_policy
     work = Path(work_dir)
     init = work / "init"
@@ -118,38 +118,8 @@ def train_vl_base(cfg: VLBaseConfig, work_dir, verbose: bool = False, stop_after
         initial_vl_model(cfg, init)
     set_seed(cfg.seed)
     policy = load_policy(str(init))
-    model = policy.model
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: cfg.lr_at(t) / cfg.lr)
-    start, log = resume_training(work / "ckpt", dataclasses.asdict(cfg), model, opt, sched)
-    model.train()
-    ran = 0
-    with Timer() as t:
-        for step in range(start, cfg.steps):
-            batch = vl_batch(policy, step_scenes(cfg, step), cfg.cells)
-            loss = model(**batch).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            opt.zero_grad()
-            ran += 1
-            done = step + 1
-            if step % 20 == 0 or done == cfg.steps:
-                t.__exit__()
-                log.append({"step": step, "loss": round(float(loss), 4), "lr": cfg.lr_at(step),
-                            "tokens": int(batch["attention_mask"].sum()), "seconds_this_run": round(t.seconds, 1)})
-                if verbose:
-                    print(log[-1], flush=True)
-            if done % cfg.ckpt_every == 0 or done == cfg.steps or (stop_after and ran >= stop_after):
-                save_checkpoint(work / "ckpt", done, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                                                      "scheduler": sched.state_dict(), "torch_rng": torch.get_rng_state(),
-                                                      "step": done, "log": log, "config": dataclasses.asdict(cfg)})
-            if stop_after and ran >= stop_after:
-                break
-    model.eval()
-    info = {"steps_done": start + ran, "resumed_from": start, "seconds_this_run": round(t.seconds, 1),
-            "params": sum(p.numel() for p in model.parameters())}
+    log, info = pretrain_loop(cfg, policy.model, work, lambda step: vl_batch(policy, step_scenes(cfg, step), cfg.cells),
+                              weight_decay=0.0, verbose=verbose, stop_after=stop_after)
     return policy, log, info
 
 
