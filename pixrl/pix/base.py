@@ -17,9 +17,9 @@ from .tiny import SceneTask, MODEL_IMAGE_SHAPE, char_tokenizer, save_tiny
 # %% auto #0
 __all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'BASE_BUILDS',
            'cell_primitive', 'cell_scene', 'cell_stream', 'band_program', 'band_source', 'target_program',
-           'jitter_bands', 'repair_bands', 'revision_example', 'band_calls', 'copy_errors', 'BaseConfig',
-           'group_examples', 'demonstrator_rng', 'step_examples', 'initial_model', 'pretrain_loop', 'train_base',
-           'build_base', 'base_build']
+           'jitter_bands', 'repair_bands', 'revision_example', 'band_calls', 'copy_errors', 'warmup_cosine',
+           'BaseConfig', 'group_examples', 'demonstrator_rng', 'step_examples', 'initial_model', 'pretrain_loop',
+           'train_base', 'build_base', 'base_build']
 
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2d7
 BASE_CELLS = 32
@@ -228,6 +228,14 @@ def copy_errors(task, program: str, n: int = BASE_CELLS) -> tuple[int, int] | No
     return off, sum(len(w) for w in want)
 
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2dc
+def warmup_cosine(step: int, lr: float, warmup: int, steps: int, min_lr_frac: float) -> float:
+    """The learning rate of optimizer step `step` (0-based) of every pixrl base: linear warm-up over `warmup` steps,
+    then a cosine from `lr` down to `min_lr_frac · lr` at step `steps`."""
+    warm = min(1.0, (step + 1) / warmup)
+    cos = 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, steps))))
+    return lr * warm * (min_lr_frac + (1 - min_lr_frac) * cos)
+
+
 @dataclasses.dataclass
 class BaseConfig:
     "How a pixrl base is built (`build_base`); `BASE_BUILDS` holds the committed ones."
@@ -283,10 +291,8 @@ class BaseConfig:
         return hashlib.sha256(json.dumps(dataclasses.asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
     def lr_at(self, step: int) -> float:
-        "The learning rate of optimizer step `step` (0-based)."
-        warm = min(1.0, (step + 1) / self.warmup)
-        cos = 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, self.steps))))
-        return self.lr * warm * (self.min_lr_frac + (1 - self.min_lr_frac) * cos)
+        "The learning rate of optimizer step `step` (0-based): `warmup_cosine`."
+        return warmup_cosine(step, self.lr, self.warmup, self.steps, self.min_lr_frac)
 
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2e0
 def group_examples(cfg: BaseConfig, g: int, tokenizer) -> list[tuple[list[int], list[int]]]:

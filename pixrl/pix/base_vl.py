@@ -2,13 +2,13 @@
 
 # %% ../../nbs/pix/06b_base_vl.ipynb #c002
 from __future__ import annotations
-import dataclasses, json, math
+import dataclasses, json
 from pathlib import Path
 import numpy as np
 import torch
 from ..core import PIXRL_META, set_seed
 from ..lm import model_dir_sha256
-from .base import band_program, cell_stream, pretrain_loop
+from .base import band_program, cell_stream, pretrain_loop, warmup_cosine
 from .prompt import PromptSpec, format_answer, prompt_image
 from .tiny import build_tiny_vlm, MODEL_IMAGE_SHAPE
 
@@ -58,10 +58,8 @@ class VLBaseConfig:
             raise ValueError(f"VLBaseConfig.min_lr_frac {self.min_lr_frac!r}; accepted: a fraction in [0, 1]")
 
     def lr_at(self, step: int) -> float:
-        "The learning rate of optimizer step `step` (0-based)."
-        warm = min(1.0, (step + 1) / self.warmup)
-        cos = 0.5 * (1 + math.cos(math.pi * min(1.0, step / self.steps)))
-        return self.lr * warm * (self.min_lr_frac + (1 - self.min_lr_frac) * cos)
+        "The learning rate of optimizer step `step` (0-based): the text bases' `pixrl.pix.base.warmup_cosine`."
+        return warmup_cosine(step, self.lr, self.warmup, self.steps, self.min_lr_frac)
 
 # %% ../../nbs/pix/06b_base_vl.ipynb #c007
 def initial_vl_model(cfg: VLBaseConfig, out_dir) -> Path:
