@@ -103,3 +103,19 @@ def test_load_record_refuses_other_json(tmp_path):
     p.write_text(json.dumps({"kind": "other"}))
     with pytest.raises(ValueError, match="not a pixrl"):
         load_record(p)
+
+
+def test_bench_notebook_refuses_a_compare_to_of_other_tasks_before_sampling(tmp_path):
+    "A compare_to record of other tasks (or another n) is refused naming it, before the model samples anything."
+    import papermill as pm
+    rec = json.loads((BASE / "bench.json").read_text())
+    rec["tasks"] = rec["tasks"][1:]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(rec))
+    run = tmp_path / "run"
+    with pytest.raises(pm.PapermillExecutionError, match=r"compare_to '.*other\.json' scored other tasks or another n"):
+        pm.execute_notebook(str(ROOT / "nbs" / "bench.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(ROOT / "nbs"),
+                            kernel_name="python3", progress_bar=False,
+                            parameters={"model": "pixrl-base", "run_name": str(run), "allow_dirty": True,
+                                        "compare_to": f"../runs/bench_base/bench.json,{other}"})
+    assert (run / "config.json").exists() and not (run / "bench.json").exists()
