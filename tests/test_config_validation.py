@@ -44,6 +44,7 @@ CAMPAIGN_BAD = {
     "beta": [-1.0, NAN, "0"],
     "num_iterations": [0, 1.0, True],
     "fast_rollouts": ["yes", 1, None],
+    "shared_prefix": ["yes", 1, None],
     "vllm_mode": ["on", "vllm", "", None, 1],
     "replay_share": [5, 1, -0.1, NAN, "0.5"],
     "sft_levels": [Parsed("0,9", "(0, 9)"), Parsed("1,1", "(1, 1)"), "x", Parsed(5, "(5,)"), 0.5],

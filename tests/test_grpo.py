@@ -121,3 +121,38 @@ def test_fast_rollouts_off_generates_from_the_peft_model(tmp_path, monkeypatch):
                         peft_config=lora_config(8))
     tr.train()
     assert tr.state.global_step == 1 and not copies and args.cache_implementation is None
+
+
+def test_shared_prefix_trains_the_same_adapter_as_trls_forward(tmp_path):
+    """shared_prefix=True: two GRPO steps from one seed end with the adapter TRL's own forward gives (float rounding),
+    and the loss's forward ran each group's prompt once (the first forward of a step sees one row per group)."""
+    policy = load_policy("pixrl-tiny")
+    tasks = [t for t in load_split("train") if t.level == 0][:2]
+    adapters, head_rows = [], []
+    for shared in (False, True):
+        args = grpo_config(tmp_path / str(shared), 2, **_knobs(CampaignConfig(), groups_per_step=2, max_new_tokens=16))
+        tr = PixGRPOTrainer(model=load_policy("pixrl-tiny").model,
+                            reward_funcs=lambda completions=None, **kw: [float(sum(map(ord, c)) % 7) for c in completions],
+                            args=args, train_dataset=rl_dataset(policy, tasks), processing_class=policy.tokenizer,
+                            peft_config=lora_config(8), fast_rollouts=True, shared_prefix=shared)
+        embed = tr.model_wrapped.get_input_embeddings()
+        rows = []
+        hook = embed.register_forward_hook(lambda mod, inp, out: rows.append(inp[0].shape[0]) if torch.is_grad_enabled() else None)
+        tr.train()
+        hook.remove()
+        head_rows.append(rows)
+        adapters.append({n: p.detach().clone() for n, p in tr.model_wrapped.named_parameters() if "lora_" in n})
+    assert all(r == 2 * G for r in head_rows[0])                         # TRL: every row, every forward
+    assert head_rows[1][0::2] == [2] * 2 and head_rows[1][1::2] == [2 * G] * 2   # shared: 2 prompts, then the 2·G tails
+    moved = max((adapters[1][n] - p).abs().max().item() for n, p in adapters[0].items())
+    assert moved < 1e-4, moved
+    assert any(not torch.equal(p, torch.zeros_like(p)) for n, p in adapters[1].items() if "lora_B" in n)
+
+
+def test_shared_prefix_refuses_a_vision_policy(tmp_path):
+    from pixrl.pix.grpo import run_grpo
+    from pixrl.pix.policy import resolve_model
+    with pytest.raises(ValueError, match="shared_prefix=True with .*a vision-language policy; accepted: a text policy"):
+        run_grpo(resolve_model("pixrl-tiny-vl"), [t for t in load_split("train") if t.level == 0][:1], tmp_path, steps=1,
+                 lora_r=8, reward="shaped_v3d", fast_rollouts=True, shared_prefix=True,
+                 **_knobs(CampaignConfig(), groups_per_step=1))

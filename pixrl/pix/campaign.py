@@ -252,6 +252,7 @@ def run_stage(run_dir, k, report_to: str = "none") -> dict:
                        save_steps=c["save_steps"], replay_tasks=replay, replay_share=s["replay_share"], callbacks=cbs,
                        thinking=op["thinking"], reward=campaign_reward(c), **trl_settings(c),
                        fast_rollouts=c.get("fast_rollouts", CampaignConfig.fast_rollouts),
+                       shared_prefix=c.get("shared_prefix", CampaignConfig.shared_prefix),
                        vllm_mode=c.get("vllm_mode", CampaignConfig.vllm_mode), **report)
     if not is_main_rank():                          # under accelerate launch: rank 0 alone probes and writes records
         return res

@@ -39,8 +39,9 @@ def _as_levels(value):
 LATER_FIELDS = {"num_iterations": 1, "num_processes": 1, "sft_batch": 16, "vllm_mode": "off"}
 # fields that do not change what trains: where a campaign is written, how often it checkpoints, the preflight's
 # control size, where its step metrics are reported, how its rollouts are computed (fast_rollouts: the same
-# completions, runs/b_fast), whether it may run on a dirty tree (allow_dirty: its record says so)
-UNTRAINED = ("runs_root", "name", "save_steps", "preflight_control_n", "report_to", "fast_rollouts", "allow_dirty")
+# completions, runs/b_fast; shared_prefix: the same loss to float rounding), whether it may run on a dirty tree
+# (allow_dirty: its record says so)
+UNTRAINED = ("runs_root", "name", "save_steps", "preflight_control_n", "report_to", "fast_rollouts", "shared_prefix", "allow_dirty")
 # fields renamed to TRL GRPOConfig's / peft LoraConfig's names (2026-12-02), old name -> new name
 RENAMED = {"rollouts": "num_generations", "lr": "learning_rate", "lora_rank": "lora_r"}
 
@@ -104,6 +105,8 @@ class CampaignConfig:
     num_iterations: int = setting(1, ge=1)                                      # TRL num_iterations (μ): optimizer steps on each generated batch (clipped ratio, ε 0.2)
     fast_rollouts: bool = setting(True)                                         # rollouts from a LoRA-merged plain copy of the policy (transformers path; pixrl.pix.grpo):
                                                                                 # 0.75 × the generation time per token (runs/bench_rollout_long), the same completions
+    shared_prefix: bool = setting(False)                                        # the GRPO loss's forward runs each group's prompt once, its KV cache shared
+                                                                                # by the G completions (pixrl.pix.grpo.shared_prefix_logps; text policies)
     vllm_mode: str = setting("off", choices=VLLM_MODES)                         # GRPO rollouts: "off" transformers (fast_rollouts); "server" a vLLM server on loopback per stage
                                                                                 # (pixrl.pix.grpo, make vllm-env; other samples, so part of the recipe); "colocate" TRL's (CUDA only)
     replay_share: float | None = setting(None, ge=0, lt=1)                      # backward replay share of RL batches (lower levels), below 1 (1 leaves no row of the level); None: the arm's default
@@ -196,6 +199,9 @@ def validate(cfg: CampaignConfig) -> RunPlan:
     if any(s.kind == "sft" for s in plan.stages):
         check_num_processes(cfg.num_processes, cfg.sft_batch, "SFT examples per optimizer step (sft_batch)")
     path = resolve_model(cfg.model)                            # missing path -> ValueError
+    if cfg.shared_prefix and Path(path).exists() and model_meta(path).get("prompt_spec", {}).get("vision"):
+        raise ValueError(f"shared_prefix=True with model={cfg.model!r}, a vision-language policy; accepted: a text "
+                         "policy (a VLM's rows take TRL's forward: shared_prefix=False)")
     if plan.needs_thinking:
         meta = model_meta(path) if Path(path).exists() else {}
         can = meta.get("can_think")

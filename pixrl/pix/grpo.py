@@ -26,7 +26,7 @@ datasets.disable_progress_bars()
 __all__ = ['VLLM_LOGPROB_TOL', 'replay_mix', 'rl_dataset', 'sft_dataset', 'per_device_batch', 'PixGRPOTrainer', 'PixSFTTrainer',
            'PeriodicProbe', 'time_shares', 'thread_cap', 'CpuShare', 'prompt_groups', 'rollout_seed', 'server_rollouts',
            'rank_record', 'ProgressLog', 'has_cuda', 'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint',
-           'grpo_config', 'start_rollout_server', 'run_grpo', 'run_sft']
+           'grpo_config', 'shared_prefix_logps', 'start_rollout_server', 'run_grpo', 'run_sft']
 
 # %% ../../nbs/pix/07_grpo.ipynb #4c55cd8b
 def replay_mix(tasks: list, replay_tasks: list, replay_share: float, seed: int = 0) -> list:
@@ -90,9 +90,10 @@ class PixGRPOTrainer(GRPOTrainer):
     generated = 0
 
     def __init__(self, *args, fast_rollouts: bool = False, vllm_server: VLLMServer | None = None,
-                 vllm_logprob_tol: float = VLLM_LOGPROB_TOL, **kwargs):
+                 vllm_logprob_tol: float = VLLM_LOGPROB_TOL, shared_prefix: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.fast_rollouts = fast_rollouts               # rollouts from merged_copy(model) (the transformers path)
+        self.shared_prefix = shared_prefix               # the loss's forward runs each group's prompt once (shared_prefix_logps)
         self.vllm_server = vllm_server                   # rollouts from pixrl's vLLM server (vllm_mode="server")
         self.vllm_logprob_tol = vllm_logprob_tol         # the largest mean log-prob gap accepted after a weight sync
         self.synced_step = -1                            # the optimizer step whose weights the server holds
@@ -121,6 +122,15 @@ class PixGRPOTrainer(GRPOTrainer):
         out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._metrics["train"]["time/evaluation_s"].append(time.perf_counter() - t)
         return out
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **images):
+        if not self.shared_prefix or compute_aux_loss or any(v is not None for v in images.values()):
+            return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                                              compute_entropy, compute_aux_loss, **images)
+        with self.accelerator.autocast():
+            logps, entropies = shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep, compute_entropy)
+        return logps, entropies, None
 
 class PixSFTTrainer(SFTTrainer):
     "SFTTrainer that counts the examples this process trained on (`seen`: under `accelerate launch`, its shard)."
@@ -368,6 +378,25 @@ def grpo_config(out_dir, steps: int, *, learning_rate: float, num_generations: i
                       mask_truncated_completions=False,
                       chat_template_kwargs=chat_template_kwargs or None, **extra)
 
+# %% ../../nbs/pix/07_grpo.ipynb #f9967a77
+def shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool = False) -> tuple:
+    """Per-token log-probabilities (and entropies, else None) of the last `logits_to_keep` tokens of every row, each
+    distinct prompt (the other columns, with their padding) run once. `model` carries TRL's fused LM head."""
+    B, T = input_ids.shape                                                  # rows: left-padded prompt + completion
+    P = T - logits_to_keep                                                  # prompt columns
+    if P < 2:
+        raise ValueError(f"shared_prefix_logps: {P} prompt column(s) (T {T}, logits_to_keep {logits_to_keep}); accepted: at least 2")
+    key = torch.cat([input_ids[:, :P], attention_mask[:, :P]], 1)          # (B, 2P): a prompt and its padding
+    distinct, row_of = torch.unique(key, dim=0, return_inverse=True)      # (U, 2P), (B,): row b's prompt is distinct[row_of[b]]
+    head = model(input_ids=distinct[:, :P - 1], attention_mask=distinct[:, P:2 * P - 1], use_cache=True, logits_to_keep=1)
+    cache = head.cache                                                      # U rows of keys/values over P − 1 positions
+    cache.batch_select_indices(row_of)                                      # → B rows (an index: gradients sum back per group)
+    tail = input_ids[:, P - 1:]                                             # (B, 1 + C): the last prompt token, the completion
+    labels = tail.masked_fill(attention_mask[:, P - 1:] == 0, -100)        # the fused head scores labels[:, 1:]: the completion
+    out = model(input_ids=tail, attention_mask=attention_mask, cache=cache, labels=labels, fused_lm_head=True)
+    return out.log_probs, (out.entropy if compute_entropy else None)        # (B, C) each
+
+
 # %% ../../nbs/pix/07_grpo.ipynb #02122d30
 def _finish_ranks(trainer, out_dir: Path, start_digest: str | None) -> list[dict] | None:
     """Under `accelerate launch`: each rank writes `rank_<r>.json` (`rank_record`), all wait, and the main rank
@@ -433,13 +462,14 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate:
              num_generations: int, groups_per_step: int, temperature: float, max_new_tokens: int | None, seed: int,
              save_steps: int, reward: str, scale_rewards: str, loss_type: str, beta: float, num_iterations: int,
              fast_rollouts: bool, replay_tasks: list = (), replay_share: float = 0.0, use_vllm: bool | None = None,
-             vllm_mode: str = "off", vllm_logprob_tol: float = VLLM_LOGPROB_TOL, callbacks: list = (), prompts: dict | None = None, thinking: bool | None = None, report_to: str = "none",
+             vllm_mode: str = "off", vllm_logprob_tol: float = VLLM_LOGPROB_TOL, shared_prefix: bool = False, callbacks: list = (), prompts: dict | None = None, thinking: bool | None = None, report_to: str = "none",
              project: str = "pixrl", run_name: str | None = None) -> dict:
     """One GRPO stage from `model_dir` on `tasks` (+ replay); resumes from the last checkpoint in `out_dir`.
     The knobs come from the campaign's `CampaignConfig` (no defaults here; `max_new_tokens=None`: the model's budget).
     `vllm_mode`: "off" (transformers rollouts; `use_vllm` None = TRL colocate iff CUDA + vllm), "server" (a
     `pixrl.vllm` server on loopback for the stage, stopped at its end or on any error; `vllm_logprob_tol`: the
-    check after each sync), "colocate" (TRL's, CUDA). `prompts`: a prompt per task id in place of the tasks' own
+    check after each sync), "colocate" (TRL's, CUDA). `shared_prefix`: the loss's forward runs each group's prompt
+    once (`shared_prefix_logps`; text policies). `prompts`: a prompt per task id in place of the tasks' own
     (`rl_dataset`; a reviser stage's revision prompts).
     Returns {final_dir, global_step, resumed_from_step, log_history, time_shares, seconds}."""
     if vllm_mode not in VLLM_MODES:
@@ -449,6 +479,9 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = load_policy(model_dir, thinking=thinking)
+    if shared_prefix and policy.vision:
+        raise ValueError(f"shared_prefix=True with {policy.name}, a vision-language policy; accepted: a text policy "
+                         "(a VLM's rows take TRL's forward: shared_prefix=False)")
     rows = replay_mix(tasks, list(replay_tasks), replay_share, seed)
     reward_fn = make_reward_fn({t.id: t for t in rows}, policy=reward)   # shaped_v3d | shaped_v3c | shaped_v3b | raw_iou
     dataset = rl_dataset(policy, rows, prompts)                          # a missing prompt: refused before any server starts
@@ -466,7 +499,8 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate:
         trainer = PixGRPOTrainer(model=policy.model, reward_funcs=reward_fn, args=cfg,
                                  train_dataset=dataset, processing_class=policy.processor or policy.tokenizer,
                                  peft_config=lora_config(lora_r), callbacks=[*callbacks, share], fast_rollouts=fast_rollouts,
-                                 vllm_server=server, vllm_logprob_tol=vllm_logprob_tol)
+                                 vllm_server=server, vllm_logprob_tol=vllm_logprob_tol,
+                                 shared_prefix=shared_prefix)
         trainer.remove_callback(PrinterCallback)  # metrics go to metrics.json, not stdout
         out = _train_resumable(trainer, policy, out_dir, {"stage": "grpo", "steps": steps})
     finally:
