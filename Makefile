@@ -78,7 +78,7 @@ base: setup
 
 # pixrl-base-vl (issue: a policy that looks): a LLaVA VLM, pixrl-base's language model behind an untrained CLIP tower,
 # pretrained through the image only to write the band program (nbs/pix/06b_base_vl); resumable (checkpoints in
-# $PIXRL_CACHE/base-vl-work); ≈ 2.5 h on 2 cores. Then probe, base bars and the real/shuffled/blank looking test.
+# $PIXRL_CACHE/base-vl-work); ≈ 1.7 h on 2 cores (4,000 steps). Then probe, base bars and the real/shuffled/blank looking test.
 base-vl: setup
 	papermill nbs/base_vl.ipynb runs/base_vl_model.ipynb --cwd nbs
 

@@ -6,18 +6,17 @@ import dataclasses, json
 from pathlib import Path
 import numpy as np
 import torch
-from ..core import PIXRL_META, set_seed
+from ..core import PIXRL_META, VL_BASE_NAME, set_seed
 from ..lm import model_dir_sha256
 from .base import band_program, cell_stream, pretrain_loop, warmup_cosine
 from .prompt import PromptSpec, format_answer, prompt_image
 from .tiny import build_tiny_vlm, MODEL_IMAGE_SHAPE
 
 # %% auto #0
-__all__ = ['VL_BASE_NAME', 'VL_BASE_SPEC', 'VL_CELLS', 'VLBaseConfig', 'initial_vl_model', 'step_scenes', 'vl_batch',
-           'train_vl_base', 'build_vl_base', 'looks']
+__all__ = ['VL_BASE_SPEC', 'VL_CELLS', 'VLBaseConfig', 'initial_vl_model', 'step_scenes', 'vl_batch', 'train_vl_base',
+           'build_vl_base', 'looks']
 
 # %% ../../nbs/pix/06b_base_vl.ipynb #c004
-VL_BASE_NAME = "pixrl-base-vl"
 VL_BASE_SPEC = PromptSpec(representation="py", api_doc=False, vision=True, image_size=MODEL_IMAGE_SHAPE[0])
 VL_CELLS = (32, 64)   # the program's grid: the prompt raster's resolution, or the model image's own
 
@@ -30,7 +29,7 @@ class VLBaseConfig:
     vision_layers: int = 2       # CLIP tower depth
     text_init: str = "pixrl-base"   # the language model's weights: a committed band base (sha256 checked) or a directory
     cells: int = 32              # the band program's grid (VL_CELLS): 32 = the text bases' programs, 64 = the image's
-    steps: int = 6000            # optimizer steps (≈ 1.5 s each at batch 16 on 2 cores: ≈ 2.5 h)
+    steps: int = 4000            # optimizer steps (≈ 1.45 s each at batch 16 on 2 cores: ≈ 1.6 h)
     batch_size: int = 16         # scenes per step, each seen once
     lr: float = 2e-3             # peak AdamW learning rate (no weight decay, grad-norm clip 1.0), all weights
     warmup: int = 50             # linear warm-up steps, then cosine to min_lr_frac · lr
