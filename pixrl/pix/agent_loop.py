@@ -12,8 +12,9 @@ from .tasks import Task, release_digest
 
 # %% auto #0
 __all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'LOOP_KIND', 'PLAIN_SEED_OFFSET',
-           'IOU_TOL', 'redact_numbers', 'material_direction', 'feedback', 'revision_prompt', 'revision_prompts',
-           'LoopConfig', 'run_agent_loop', 'loop_summary', 'loop_budget', 'best_of_plain', 'loop_vs_plain',
+           'REGION_NAMES', 'REGION_MIN_SHARE', 'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers', 'material_direction',
+           'feedback', 'revision_prompt', 'revision_prompts', 'LoopConfig', 'run_agent_loop', 'loop_summary',
+           'loop_budget', 'best_of_plain', 'loop_vs_plain', 'region_directions', 'region_feedback', 'scripted_loop',
            'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta',
            'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
@@ -273,6 +274,107 @@ def loop_vs_plain(loop: dict, best_plain: list[float]) -> dict:
             "mean_champion_iou": sum(champ) / n, "mean_best_plain_iou": sum(best_plain) / n,
             "diff": ci.mean_diff, "ci_lo": ci.lo, "ci_hi": ci.hi, "verdict": ci.verdict,
             "share_champions_from_revision": sum(r["champion"]["round"] > 0 for r in loop["tasks"]) / n}
+
+# %% ../../nbs/pix/11_agent_loop.ipynb #c29c3288
+REGION_NAMES = ("top left", "top", "top right", "left", "centre", "right", "bottom left", "bottom", "bottom right")
+REGION_MIN_SHARE = 0.01   # a region is named when its extra + missing pixels are at least this share of its pixels
+
+def region_directions(drawn, target, min_share: float = REGION_MIN_SHARE, tol: float = DIRECTION_TOL) -> dict[int, str]:
+    """{region: 'EXTRA' | 'MISSING' | 'BOTH'} over the 3 × 3 split of two equal-shape masks (rows top first; region
+    0 top left … 8 bottom right, `REGION_NAMES`): extra pixels (drawn, not target) against missing ones (target, not
+    drawn), their asymmetry read as `material_direction` reads the chamfer's; regions where the two are under
+    `min_share` of the region's pixels are left out."""
+    import numpy as np
+    drawn, target = np.asarray(drawn, bool), np.asarray(target, bool)   # (H, W) each
+    if drawn.shape != target.shape:
+        raise ValueError(f"region_directions: masks of shape {drawn.shape} and {target.shape}; accepted: equal shapes")
+    H, W = drawn.shape
+    out = {}
+    for r in range(9):
+        rows = slice(r // 3 * H // 3, (r // 3 + 1) * H // 3)
+        cols = slice(r % 3 * W // 3, (r % 3 + 1) * W // 3)
+        d, t = drawn[rows, cols], target[rows, cols]
+        extra, missing = int((d & ~t).sum()), int((t & ~d).sum())
+        if extra + missing >= min_share * d.size:
+            out[r] = material_direction(extra, missing, tol)
+    return out
+
+def region_feedback(directions: dict[int, str]) -> str:
+    "The number-free sentence of `region_directions`: where material is extra, missing, or both, in `REGION_NAMES` order."
+    parts = []
+    for kind, label in (("EXTRA", "Extra material"), ("MISSING", "Missing material"), ("BOTH", "Extra and missing material")):
+        names = [REGION_NAMES[r] for r in sorted(directions) if directions[r] == kind]
+        if names:
+            parts.append(f"{label}: {', '.join(names)}.")
+    return " ".join(parts) or "No region is off."
+
+def _region_of(where, n: int) -> int:
+    "The 3 × 3 region (`REGION_NAMES`) of a point (x, y) in cells from the bottom-left corner of an n-cell grid."
+    x, y = where
+    col = min(2, max(0, int(x * 3 // n)))
+    row = min(2, max(0, int((n - y) * 3 // n)))     # rows counted from the top, as the masks' are
+    return 3 * row + col
+
+# %% ../../nbs/pix/11_agent_loop.ipynb #13729435
+SCRIPTED_GUIDES = ("blind", "direction", "regions")
+
+def _scripted_edit(bands, step, guide, fb_direction, regions, rng, n):
+    "One scripted revision of `bands`: an edge edit drawn as `guide` says (`scripted_loop`)."
+    from pixrl.pix.base import band_edges, edit_bands, EDIT_FOLLOWS
+    if guide == "direction":
+        return edit_bands(bands, step, fb_direction, rng, n)
+    edits = band_edges(bands, step, n)
+    if guide == "regions":
+        fits = [e for k, w, e in edits
+                if regions.get(_region_of(w, n)) == "BOTH" or EDIT_FOLLOWS.get(regions.get(_region_of(w, n))) == k]
+        edits = fits or [e for _, _, e in edits]
+    else:
+        edits = [e for _, _, e in edits]
+    return edits[rng.integers(len(edits))] if edits else list(bands)
+
+def scripted_loop(tasks: list[Task], step: float, guide: str, config: LoopConfig = LoopConfig(),
+                  n: int = 32) -> list[dict]:
+    """The loop's rounds with a scripted reviser, from the exact `n`-cell band copy of each task's model image:
+    `config.n_rounds` rounds of `config.n_revisions` edge edits of the champion (`step` cells, drawn as `guide`
+    says, seeded by `config.seed`), scored by `verify`; only a strictly better shaped reward takes over. Returns per
+    task {task_id, level, copy_iou, champion_iou, from_revision}."""
+    import numpy as np
+    from pixrl.pix.base import band_source, EDIT_STEPS
+    from pixrl.pix.evaluator import evaluate_many
+    from pixrl.pix.harvest import attempt_record
+    from pixrl.pix.prompt import ink_bands
+    from pixrl.pix.reward import shaped_breakdown, rect_baseline
+    if guide not in SCRIPTED_GUIDES:
+        raise ValueError(f"scripted_loop: guide={guide!r}; accepted: {SCRIPTED_GUIDES}")
+    if step not in EDIT_STEPS:
+        raise ValueError(f"scripted_loop: step={step!r}; accepted: {EDIT_STEPS} (cells)")
+    rng = np.random.default_rng(config.seed)
+
+    def score(pairs):   # [(task, bands)] -> [(attempt, mask)]
+        srcs = [band_source(t.footprint_um, b, n) for t, b in pairs]
+        res = evaluate_many([(t, s, "py") for (t, _), s in zip(pairs, srcs)])
+        return [(attempt_record(s, r, shaped_breakdown(r, rect_baseline(t))), r.mask)
+                for (t, _), s, r in zip(pairs, srcs, res)]
+
+    champs = [ink_bands(t.model_image, n) for t in tasks]
+    best = score(list(zip(tasks, champs)))
+    rows = [{"task_id": t.id, "level": t.level, "copy_iou": attempt_iou(a), "from_revision": False} for t, (a, _) in zip(tasks, best)]
+    for _ in range(config.n_rounds):
+        cands = []
+        for t, b, (a, mask) in zip(tasks, champs, best):
+            fb_dir = material_direction(a["extra_um"], a["missing_um"]) if a["status"] == "OK" else "NONE"
+            regions = region_directions(mask, t.target_mask) if guide == "regions" and mask is not None else {}
+            cands.append([_scripted_edit(b, step, guide, fb_dir, regions, rng, n) for _ in range(config.n_revisions)])
+        scored = score([(t, e) for t, row in zip(tasks, cands) for e in row])
+        for i in range(len(tasks)):
+            mine = scored[i * config.n_revisions:(i + 1) * config.n_revisions]
+            c = _pick_champion([a for a, _ in mine])
+            if mine[c][0]["reward"] > best[i][0]["reward"]:       # strictly better only, as the loop
+                best[i], champs[i] = mine[c], cands[i][c]
+                rows[i]["from_revision"] = True
+    for row, (a, _) in zip(rows, best):
+        row["champion_iou"] = attempt_iou(a)
+    return rows
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #83791a4d
 IOU_TOL = 1e-9   # |re-evaluated − recorded| IoU a champion may differ by (float noise; the evaluator is deterministic)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import Qwen2ForCausalLM
-from ..core import set_seed, Timer, BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME
+from ..core import set_seed, Timer, BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME
 from .geometry import render
 from .prompt import PromptSpec, build_prompt, format_answer, ink_bands, _fmt
 from ..lm import tiny_config, encode_example, collate, model_dir_sha256
@@ -15,11 +15,12 @@ from ..lm import KEYS_CHECKPOINT, load_tensors, save_checkpoint, resume_training
 from .tiny import SceneTask, MODEL_IMAGE_SHAPE, char_tokenizer, save_tiny
 
 # %% auto #0
-__all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'BASE_BUILDS',
-           'cell_primitive', 'cell_scene', 'cell_stream', 'band_program', 'band_source', 'target_program',
-           'jitter_bands', 'repair_bands', 'revision_example', 'band_calls', 'copy_errors', 'warmup_cosine',
-           'BaseConfig', 'group_examples', 'demonstrator_rng', 'step_examples', 'initial_model', 'pretrain_loop',
-           'train_base', 'build_base', 'base_build']
+__all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'EDIT_STEPS', 'EDIT_FOLLOWS',
+           'BASE_BUILDS', 'cell_primitive', 'cell_scene', 'cell_stream', 'band_program', 'band_source',
+           'target_program', 'jitter_bands', 'repair_bands', 'revision_example', 'band_edges', 'edit_bands',
+           'edit_example', 'band_calls', 'copy_errors', 'warmup_cosine', 'BaseConfig', 'group_examples',
+           'demonstrator_rng', 'step_examples', 'initial_model', 'pretrain_loop', 'train_base', 'build_base',
+           'base_build']
 
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2d7
 BASE_CELLS = 32
@@ -202,6 +203,91 @@ def revision_example(scene, rng: np.random.Generator, jitter: float, repair: flo
     prompt = revision_prompt(build_prompt(scene, BASE_PROMPT_SPEC), prev_src, feedback({"status": "OK", **m}))
     return prompt, format_answer(band_source(scene.footprint_um, repair_bands(exact, prev, repair, rng), n))
 
+# %% ../../nbs/pix/06a_base.ipynb #12293a98
+EDIT_STEPS = (0.25, 0.5, 1.0)   # accepted edge steps, in cells: binary fractions, so every edited number prints exactly
+
+def _cell(v):
+    "A cell value as the program writes it: an int when whole (`4`, never `4.0`), else the float (`3.5`)."
+    return int(v) if float(v).is_integer() else float(v)
+
+def band_edges(bands: list, step: float, n: int = BASE_CELLS) -> list[tuple[str, tuple, list]]:
+    """Every edit of `bands` (`ink_bands`' form) that moves one edge by `step` cells: (kind, where, edited bands), kind
+    'shrink' (the edge moves inward: less ink) or 'grow' (outward: more ink), `where` the edge's midpoint before the
+    move, (x, y) in cells from the bottom-left corner. Order: band by band, each run's left then right edge, then the
+    band's bottom then top edge, shrink before grow. A size never reaches 0; an edge never leaves [0, n]."""
+    if step not in EDIT_STEPS:
+        raise ValueError(f"band_edges: step={step!r}; accepted: {EDIT_STEPS} (cells)")
+    out = []
+    for i, (y, h, runs) in enumerate(bands):
+        def with_run(j, x, w, i=i, y=y, h=h, runs=runs):
+            new = list(bands)
+            new[i] = (y, h, tuple((_cell(x), _cell(w)) if k == j else r for k, r in enumerate(runs)))
+            return new
+        def with_band(y2, h2, i=i, runs=runs):
+            new = list(bands)
+            new[i] = (_cell(y2), _cell(h2), runs)
+            return new
+        mid_y = y + h / 2                                                      # the band's vertical middle
+        mid_x = (runs[0][0] + runs[-1][0] + runs[-1][1]) / 2                   # the middle of its runs' span
+        for j, (x, w) in enumerate(runs):
+            if w > step:
+                out.append(("shrink", (x, mid_y), with_run(j, x + step, w - step)))      # left edge inward
+            if x >= step:
+                out.append(("grow", (x, mid_y), with_run(j, x - step, w + step)))        # left edge outward
+            if w > step:
+                out.append(("shrink", (x + w, mid_y), with_run(j, x, w - step)))         # right edge inward
+            if x + w + step <= n:
+                out.append(("grow", (x + w, mid_y), with_run(j, x, w + step)))           # right edge outward
+        if h > step:
+            out.append(("shrink", (mid_x, y), with_band(y + step, h - step)))            # bottom edge inward
+        if y >= step:
+            out.append(("grow", (mid_x, y), with_band(y - step, h + step)))              # bottom edge outward
+        if h > step:
+            out.append(("shrink", (mid_x, y + h), with_band(y, h - step)))               # top edge inward
+        if y + h + step <= n:
+            out.append(("grow", (mid_x, y + h), with_band(y, h + step)))                 # top edge outward
+    return out
+
+
+EDIT_FOLLOWS = {"EXTRA": "shrink", "MISSING": "grow"}   # feedback direction → the edit kind that answers it
+
+def edit_bands(bands: list, step: float, direction: str, rng: np.random.Generator, n: int = BASE_CELLS) -> list:
+    """`bands` with one edge moved by `step` cells, drawn uniformly from the `band_edges` edits that answer `direction`
+    (a `pixrl.pix.agent_loop.material_direction`: EXTRA → a shrink, MISSING → a grow, BOTH or NONE → any edit); when
+    none answers it, from all of them. `bands` unchanged when it has no edit at all."""
+    if direction not in ("EXTRA", "MISSING", "BOTH", "NONE"):
+        raise ValueError(f"edit_bands: direction={direction!r}; accepted: EXTRA, MISSING, BOTH, NONE")
+    edits = band_edges(bands, step, n)
+    kind = EDIT_FOLLOWS.get(direction)
+    pool = [e for k, _, e in edits if k == kind] or [e for _, _, e in edits]
+    return pool[rng.integers(len(pool))] if pool else list(bands)
+
+
+def _attempt_feedback(scene, bands: list, n: int) -> tuple[str, str, dict]:
+    "(program, loop feedback, metrics) of band list `bands` drawn over `scene`, measured on its 64 × 64 model image."
+    from pixrl.pix.agent_loop import feedback
+    from pixrl.pix.metrics import mask_metrics, mean_axis_scale, target_side
+    src = band_source(scene.footprint_um, bands, n)
+    drawn = render(src, scene.footprint_um, MODEL_IMAGE_SHAPE)          # (64, 64) bool: the attempt's image
+    m = mask_metrics(drawn, target_side(scene.model_image), mean_axis_scale(scene.footprint_um, MODEL_IMAGE_SHAPE))
+    return src, feedback({"status": "OK", **m}), m
+
+
+def edit_example(scene, rng: np.random.Generator, step: float, prior: int, n: int = BASE_CELLS) -> tuple[str, str]:
+    """(prompt, answer) of `scene` shown as a revision by the editing demonstrator: the previous attempt is the exact
+    copy after 0…`prior` undirected edits (`edit_bands`, direction BOTH), the prompt `revision_prompt`'s with the loop's
+    feedback on it, the answer that attempt with one more edit that answers the feedback's direction."""
+    from pixrl.pix.agent_loop import material_direction, revision_prompt
+    if not isinstance(prior, int) or prior < 0:
+        raise ValueError(f"edit_example: prior={prior!r}; accepted: an int >= 0")
+    prev = ink_bands(scene.model_image, n)
+    for _ in range(int(rng.integers(prior + 1))):
+        prev = edit_bands(prev, step, "BOTH", rng, n)
+    src, fb, m = _attempt_feedback(scene, prev, n)
+    prompt = revision_prompt(build_prompt(scene, BASE_PROMPT_SPEC), src, fb)
+    answer = edit_bands(prev, step, material_direction(m["extra_um"], m["missing_um"]), rng, n)
+    return prompt, format_answer(band_source(scene.footprint_um, answer, n))
+
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2f9
 def band_calls(program: str) -> list[tuple[int, ...]]:
     """The integer arguments of each `b(...)` line of a band program, in order; a `b(...)` line with an argument
@@ -265,6 +351,9 @@ class BaseConfig:
     revise: float = 0.0          # share of the scenes shown as a revision (`revision_example`): the noisy copy as the
                                  # previous attempt + its feedback → the copy repaired; 0: plain prompts only
     repair: float = 0.5          # a revision's target: each wrong number of the previous attempt put right with this probability
+    edit_step: float = 0.0       # > 0: revisions come from the editing demonstrator (`edit_example`), one edge moved by this
+                                 # many cells (EDIT_STEPS); 0: from the repairing one (`revision_example`, needs jitter)
+    prior_edits: int = 2         # editing demonstrator: undirected edits made to the copy before it is shown as the attempt
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -276,9 +365,13 @@ class BaseConfig:
         for field in ("revise", "repair"):
             if not 0.0 <= getattr(self, field) <= 1.0:
                 raise ValueError(f"BaseConfig.{field} {getattr(self, field)!r}; accepted: a probability in [0, 1]")
-        if self.revise and not self.jitter:
-            raise ValueError(f"BaseConfig.revise {self.revise!r} with jitter 0: a revision revises the noisy demonstrator's "
-                             "copy; accepted: jitter > 0")
+        if self.edit_step and self.edit_step not in EDIT_STEPS:
+            raise ValueError(f"BaseConfig.edit_step {self.edit_step!r}; accepted: 0 or one of {EDIT_STEPS} (cells)")
+        if not isinstance(self.prior_edits, int) or self.prior_edits < 0:
+            raise ValueError(f"BaseConfig.prior_edits {self.prior_edits!r}; accepted: an int >= 0")
+        if self.revise and not self.jitter and not self.edit_step:
+            raise ValueError(f"BaseConfig.revise {self.revise!r} with jitter 0 and edit_step 0: a revision revises the noisy "
+                             "demonstrator's copy or edits the exact one; accepted: jitter > 0 or edit_step > 0")
 
     def model_config(self):
         "The Qwen2 config of this base."
@@ -310,7 +403,8 @@ def group_examples(cfg: BaseConfig, g: int, tokenizer) -> list[tuple[list[int], 
         sc = next(stream)
         rng = demonstrator_rng(cfg.seed, k)
         if cfg.revise and rng.random() < cfg.revise:               # no draw when revise is 0: the older bases rebuild exactly
-            prompt, answer = revision_example(sc, rng, cfg.jitter, cfg.repair, cfg.cells)
+            prompt, answer = (edit_example(sc, rng, cfg.edit_step, cfg.prior_edits, cfg.cells) if cfg.edit_step
+                              else revision_example(sc, rng, cfg.jitter, cfg.repair, cfg.cells))
         else:
             prompt = build_prompt(sc, BASE_PROMPT_SPEC)
             answer = format_answer(target_program(sc, cfg.target, cfg.cells, cfg.jitter, rng))
@@ -429,6 +523,8 @@ BASE_BUILDS = {   # the committed bases: name → how `make base` builds it (nbs
                           max_chars=1800, max_new_tokens=800),
     REVISER_NAME: BaseConfig(init=LONG_NAME, jitter=0.2, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=2,
                              max_chars=3000, max_new_tokens=800, revise=0.5, repair=0.5),
+    EDITOR_NAME: BaseConfig(init=BASE_NAME, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=3,
+                            max_chars=3000, max_new_tokens=800, revise=0.5, edit_step=0.5, prior_edits=2),
 }
 
 
