@@ -14,9 +14,9 @@ from .tasks import Task, release_digest
 __all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'LOOP_KIND', 'PLAIN_SEED_OFFSET',
            'REGION_NAMES', 'REGION_MIN_SHARE', 'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers', 'material_direction',
            'feedback', 'revision_prompt', 'revision_prompts', 'LoopConfig', 'run_agent_loop', 'loop_summary',
-           'loop_budget', 'best_of_plain', 'loop_vs_plain', 'region_directions', 'region_feedback', 'scripted_loop',
-           'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta',
-           'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
+           'loop_budget', 'best_of_plain', 'loop_vs_plain', 'record_best', 'loop_vs_record', 'region_directions',
+           'region_feedback', 'scripted_loop', 'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy',
+           'resolve_tasks', 'served_meta', 'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #b634cf9c
 CLOSENESS_BUCKETS = (  # (lower IoU bound, sentence) — first match wins; the bounds never reach the text
@@ -274,6 +274,32 @@ def loop_vs_plain(loop: dict, best_plain: list[float]) -> dict:
             "mean_champion_iou": sum(champ) / n, "mean_best_plain_iou": sum(best_plain) / n,
             "diff": ci.mean_diff, "ci_lo": ci.lo, "ci_hi": ci.hi, "verdict": ci.verdict,
             "share_champions_from_revision": sum(r["champion"]["round"] > 0 for r in loop["tasks"]) / n}
+
+def record_best(record: dict, where: str = "record") -> dict[str, float]:
+    """{task id: the record's best IoU on it}: a loop record's champion, a benchmark record's (`pixrl.bench`) best
+    sample (a sample that did not run: 0). Any other record is refused, naming its kind."""
+    kind = record.get("kind") if isinstance(record, dict) else type(record).__name__
+    if kind == LOOP_KIND:
+        return {r["task_id"]: attempt_iou(r["champion"]) for r in record["tasks"]}
+    if kind == "pixrl.bench":
+        return {t["task_id"]: max(attempt_iou(s) for s in t["samples"]) for t in record["tasks"]}
+    raise ValueError(f"{where}: kind {kind!r}; accepted: {LOOP_KIND!r} (a loop) or 'pixrl.bench' (a benchmark)")
+
+def loop_vs_record(loop: dict, other: dict, where: str = "record") -> dict:
+    """The loop's champion IoU against another record's best per task (`record_best`: another loop's champion, or a
+    benchmark's best of n), paired over the loop's tasks (bootstrap 95% CI of loop − other). Refused: a record that
+    lacks one of the loop's tasks (named)."""
+    from pixrl.stats import paired_bootstrap
+    mine, theirs = record_best(loop, "loop"), record_best(other, where)
+    missing = [t for t in mine if t not in theirs]
+    if missing:
+        raise ValueError(f"{where} has no result for task(s) {missing[:5]}; accepted: a record over the loop's tasks")
+    ids = list(mine)
+    ci = paired_bootstrap([theirs[t] for t in ids], [mine[t] for t in ids])     # mean of loop − other
+    return {"other_model": other.get("model"), "other_kind": other["kind"], "n_tasks": len(ids),
+            "mean_loop": sum(mine.values()) / len(ids), "mean_other": sum(theirs[t] for t in ids) / len(ids),
+            "diff": ci.mean_diff, "ci_lo": ci.lo, "ci_hi": ci.hi, "verdict": ci.verdict}
+
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #c29c3288
 REGION_NAMES = ("top left", "top", "top right", "left", "centre", "right", "bottom left", "bottom", "bottom right")
