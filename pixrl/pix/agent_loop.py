@@ -362,8 +362,9 @@ def scripted_loop(tasks: list[Task], step: float, guide: str, config: LoopConfig
                   n: int = 32) -> list[dict]:
     """The loop's rounds with a scripted reviser, from the exact `n`-cell band copy of each task's model image:
     `config.n_rounds` rounds of `config.n_revisions` edge edits of the champion (`step` cells, drawn as `guide`
-    says, seeded by `config.seed`), scored by `verify`; only a strictly better shaped reward takes over. Returns per
-    task {task_id, level, copy_iou, champion_iou, from_revision}."""
+    says, seeded by `config.seed`), scored as `verify` scores; only a strictly better shaped reward takes over (so a
+    champion's IoU can be below the copy's). Returns per task {task_id, level, copy_iou, copy_reward, champion_iou,
+    champion_reward, from_revision}."""
     import numpy as np
     from pixrl.pix.base import band_source, EDIT_STEPS
     from pixrl.pix.evaluator import evaluate_many
@@ -384,7 +385,8 @@ def scripted_loop(tasks: list[Task], step: float, guide: str, config: LoopConfig
 
     champs = [ink_bands(t.model_image, n) for t in tasks]
     best = score(list(zip(tasks, champs)))
-    rows = [{"task_id": t.id, "level": t.level, "copy_iou": attempt_iou(a), "from_revision": False} for t, (a, _) in zip(tasks, best)]
+    rows = [{"task_id": t.id, "level": t.level, "copy_iou": attempt_iou(a), "copy_reward": a["reward"], "from_revision": False}
+            for t, (a, _) in zip(tasks, best)]
     for _ in range(config.n_rounds):
         cands = []
         for t, b, (a, mask) in zip(tasks, champs, best):
@@ -400,6 +402,7 @@ def scripted_loop(tasks: list[Task], step: float, guide: str, config: LoopConfig
                 rows[i]["from_revision"] = True
     for row, (a, _) in zip(rows, best):
         row["champion_iou"] = attempt_iou(a)
+        row["champion_reward"] = a["reward"]
     return rows
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #83791a4d
