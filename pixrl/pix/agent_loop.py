@@ -11,12 +11,13 @@ from .harvest import attempt_iou, sample_and_verify, task_prompts
 from .tasks import Task, release_digest
 
 # %% auto #0
-__all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'LOOP_KIND', 'PLAIN_SEED_OFFSET',
-           'REGION_NAMES', 'REGION_MIN_SHARE', 'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers', 'material_direction',
-           'feedback', 'revision_prompt', 'revision_prompts', 'LoopConfig', 'run_agent_loop', 'loop_summary',
-           'loop_budget', 'best_of_plain', 'loop_vs_plain', 'record_best', 'loop_vs_record', 'region_directions',
-           'region_feedback', 'scripted_loop', 'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy',
-           'resolve_tasks', 'served_meta', 'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
+__all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'LOOP_KIND', 'FEEDBACK_KINDS',
+           'PLAIN_SEED_OFFSET', 'REGION_NAMES', 'REGION_MIN_SHARE', 'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers',
+           'material_direction', 'feedback', 'revision_prompt', 'revision_prompts', 'LoopConfig', 'round_feedback',
+           'run_agent_loop', 'loop_summary', 'loop_budget', 'best_of_plain', 'loop_vs_plain', 'record_best',
+           'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence', 'scripted_loop',
+           'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta',
+           'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #b634cf9c
 CLOSENESS_BUCKETS = (  # (lower IoU bound, sentence) — first match wins; the bounds never reach the text
@@ -144,6 +145,8 @@ class LoopConfig:
     max_new_tokens: int | None = None  # completion budget per attempt (None: the policy's default)
     seed: int = 0                   # round r samples with seed + r
     representation: str = "py"      # program representation the evaluator runs
+    feedback: str = "global"        # FEEDBACK_KINDS: "global" (closeness + one material direction, `feedback`) or "regions"
+                                    # (closeness + where material is extra or missing, 3 × 3 regions: `region_feedback`)
 
     def __post_init__(self):
         for name in ("n_init", "n_revisions"):
@@ -154,9 +157,12 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.n_rounds must be an int >= 0, got {self.n_rounds!r}")
         if not self.temperature >= 0:
             raise ValueError(f"LoopConfig.temperature must be >= 0, got {self.temperature!r}")
+        if self.feedback not in FEEDBACK_KINDS:
+            raise ValueError(f"LoopConfig.feedback {self.feedback!r}; accepted: {FEEDBACK_KINDS}")
 
 
 LOOP_KIND = "pixrl.agent_loop"
+FEEDBACK_KINDS = ("global", "regions")
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #e587eecc
 def _pick_champion(attempts: list[dict]) -> int:
@@ -192,6 +198,22 @@ def _code(row: dict) -> str:
     "The champion's program, stripped ('' when it has none)."
     return (row["champion"].get("code") or "").strip()
 
+def round_feedback(tasks: list[Task], rows: list[dict], kind: str = "global") -> list[str]:
+    """The feedback each task's champion gets before a revision round: `feedback` ("global"), or with "regions" the
+    closeness bucket + `region_feedback` of the champion re-drawn on the evaluator's grid against the task's target
+    (a champion that did not run: `feedback`'s status sentence)."""
+    if kind == "global":
+        return [feedback(row["champion"]) for row in rows]
+    if kind != "regions":
+        raise ValueError(f"round_feedback: kind={kind!r}; accepted: {FEEDBACK_KINDS}")
+    from pixrl.pix.evaluator import evaluate_many
+    ok = [i for i, row in enumerate(rows) if row["champion"]["status"] == "OK"]
+    res = evaluate_many([(tasks[i], _code(rows[i]), "py") for i in ok]) if ok else []
+    out = [feedback(row["champion"]) for row in rows]
+    for i, r in zip(ok, res):
+        out[i] = region_sentence(rows[i]["champion"]["iou"] or 0.0, region_directions(r.mask, tasks[i].target_mask))
+    return out
+
 def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(), spec=None,
                    model: str | None = None) -> dict:
     """Run the attempt → champion → feedback → revise protocol on `tasks`; returns the JSON record.
@@ -212,7 +234,7 @@ def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(),
         init = sample_and_verify(policy, tasks, prompts, config.n_init, seed=config.seed, **gen)
         rows = [_init_row(t, attempts) for t, attempts in zip(tasks, init)]
         for r in range(1, config.n_rounds + 1):
-            fbs = [feedback(row["champion"]) for row in rows]
+            fbs = round_feedback(tasks, rows, config.feedback)
             rprompts = [revision_prompt(p, _code(row), fb) if _code(row) else p   # no program to revise: a fresh attempt
                         for p, row, fb in zip(prompts, rows, fbs)]
             revs = sample_and_verify(policy, tasks, rprompts, config.n_revisions, seed=config.seed + r, **gen)
@@ -333,6 +355,11 @@ def region_feedback(directions: dict[int, str]) -> str:
         if names:
             parts.append(f"{label}: {', '.join(names)}.")
     return " ".join(parts) or "No region is off."
+
+def region_sentence(iou: float, directions: dict[int, str]) -> str:
+    "The loop's region feedback on an executed attempt: its closeness bucket (`CLOSENESS_BUCKETS`) + `region_feedback`."
+    bucket = next(s for lo, s in CLOSENESS_BUCKETS if iou >= lo)
+    return redact_numbers(f"{bucket} {region_feedback(directions)}")
 
 def _region_of(where, n: int) -> int:
     "The 3 × 3 region (`REGION_NAMES`) of a point (x, y) in cells from the bottom-left corner of an n-cell grid."

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import Qwen2ForCausalLM
-from ..core import set_seed, Timer, BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME
+from ..core import set_seed, Timer, BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME, EDITOR_REGIONS_NAME
 from .geometry import render
 from .prompt import PromptSpec, build_prompt, format_answer, ink_bands, _fmt
 from ..lm import tiny_config, encode_example, collate, model_dir_sha256
@@ -273,19 +273,30 @@ def _attempt_feedback(scene, bands: list, n: int) -> tuple[str, str, dict]:
     return src, feedback({"status": "OK", **m}), m
 
 
-def edit_example(scene, rng: np.random.Generator, step: float, prior: int, n: int = BASE_CELLS) -> tuple[str, str]:
+def edit_example(scene, rng: np.random.Generator, step: float, prior: int, n: int = BASE_CELLS,
+                 feedback: str = "global") -> tuple[str, str]:
     """(prompt, answer) of `scene` shown as a revision by the editing demonstrator: the previous attempt is the exact
     copy after 0…`prior` undirected edits (`edit_bands`, direction BOTH), the prompt `revision_prompt`'s with the loop's
-    feedback on it, the answer that attempt with one more edit that answers the feedback's direction."""
-    from pixrl.pix.agent_loop import material_direction, revision_prompt
+    feedback on it (`feedback`: "global", the loop's default, or "regions", `LoopConfig.feedback`), the answer that
+    attempt with one more edit that answers the feedback: its direction, or one of the regions it names."""
+    from pixrl.pix.agent_loop import (FEEDBACK_KINDS, _scripted_edit, material_direction, region_directions,
+                                      region_sentence, revision_prompt)
     if not isinstance(prior, int) or prior < 0:
         raise ValueError(f"edit_example: prior={prior!r}; accepted: an int >= 0")
+    if feedback not in FEEDBACK_KINDS:
+        raise ValueError(f"edit_example: feedback={feedback!r}; accepted: {FEEDBACK_KINDS}")
     prev = ink_bands(scene.model_image, n)
     for _ in range(int(rng.integers(prior + 1))):
         prev = edit_bands(prev, step, "BOTH", rng, n)
     src, fb, m = _attempt_feedback(scene, prev, n)
+    if feedback == "regions":
+        drawn = render(src, scene.footprint_um, MODEL_IMAGE_SHAPE)               # (64, 64) bool
+        regions = region_directions(drawn, scene.model_image)
+        fb = region_sentence(m["iou"], regions)
+        answer = _scripted_edit(prev, step, "regions", None, regions, rng, n)
+    else:
+        answer = edit_bands(prev, step, material_direction(m["extra_um"], m["missing_um"]), rng, n)
     prompt = revision_prompt(build_prompt(scene, BASE_PROMPT_SPEC), src, fb)
-    answer = edit_bands(prev, step, material_direction(m["extra_um"], m["missing_um"]), rng, n)
     return prompt, format_answer(band_source(scene.footprint_um, answer, n))
 
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2f9
@@ -354,6 +365,8 @@ class BaseConfig:
     edit_step: float = 0.0       # > 0: revisions come from the editing demonstrator (`edit_example`), one edge moved by this
                                  # many cells (EDIT_STEPS); 0: from the repairing one (`revision_example`, needs jitter)
     prior_edits: int = 2         # editing demonstrator: undirected edits made to the copy before it is shown as the attempt
+    feedback: str = "global"     # editing demonstrator: the loop feedback its revisions answer, "global" or "regions"
+                                 # (`pixrl.pix.agent_loop.LoopConfig.feedback`)
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -367,6 +380,8 @@ class BaseConfig:
                 raise ValueError(f"BaseConfig.{field} {getattr(self, field)!r}; accepted: a probability in [0, 1]")
         if self.edit_step and self.edit_step not in EDIT_STEPS:
             raise ValueError(f"BaseConfig.edit_step {self.edit_step!r}; accepted: 0 or one of {EDIT_STEPS} (cells)")
+        if self.feedback not in ("global", "regions"):
+            raise ValueError(f"BaseConfig.feedback {self.feedback!r}; accepted: 'global' or 'regions'")
         if not isinstance(self.prior_edits, int) or self.prior_edits < 0:
             raise ValueError(f"BaseConfig.prior_edits {self.prior_edits!r}; accepted: an int >= 0")
         if self.revise and not self.jitter and not self.edit_step:
@@ -403,7 +418,7 @@ def group_examples(cfg: BaseConfig, g: int, tokenizer) -> list[tuple[list[int], 
         sc = next(stream)
         rng = demonstrator_rng(cfg.seed, k)
         if cfg.revise and rng.random() < cfg.revise:               # no draw when revise is 0: the older bases rebuild exactly
-            prompt, answer = (edit_example(sc, rng, cfg.edit_step, cfg.prior_edits, cfg.cells) if cfg.edit_step
+            prompt, answer = (edit_example(sc, rng, cfg.edit_step, cfg.prior_edits, cfg.cells, cfg.feedback) if cfg.edit_step
                               else revision_example(sc, rng, cfg.jitter, cfg.repair, cfg.cells))
         else:
             prompt = build_prompt(sc, BASE_PROMPT_SPEC)
@@ -525,6 +540,9 @@ BASE_BUILDS = {   # the committed bases: name → how `make base` builds it (nbs
                              max_chars=3000, max_new_tokens=800, revise=0.5, repair=0.5),
     EDITOR_NAME: BaseConfig(init=BASE_NAME, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=3,
                             max_chars=3000, max_new_tokens=800, revise=0.5, edit_step=0.5, prior_edits=2),
+    EDITOR_REGIONS_NAME: BaseConfig(init=BASE_NAME, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=3,
+                                    max_chars=3000, max_new_tokens=800, revise=0.5, edit_step=0.5, prior_edits=2,
+                                    feedback="regions"),
 }
 
 
