@@ -11,9 +11,9 @@ from .harvest import attempt_iou, sample_and_verify, task_prompts
 from .tasks import Task, release_digest
 
 # %% auto #0
-__all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'LOOP_KIND', 'FEEDBACK_KINDS',
+__all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'FEEDBACK_KINDS', 'LOOP_KIND',
            'PLAIN_SEED_OFFSET', 'REGION_NAMES', 'REGION_MIN_SHARE', 'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers',
-           'material_direction', 'feedback', 'revision_prompt', 'revision_prompts', 'LoopConfig', 'round_feedback',
+           'material_direction', 'feedback', 'revision_prompt', 'round_feedback', 'revision_prompts', 'LoopConfig',
            'run_agent_loop', 'loop_summary', 'loop_budget', 'best_of_plain', 'loop_vs_plain', 'record_best',
            'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence', 'scripted_loop',
            'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta',
@@ -66,6 +66,7 @@ DIRECTION_FEEDBACK = {
     "BOTH": "Both EXTRA and MISSING material: shapes are misplaced or mis-sized; move and resize them.",
     "NONE": "The boundaries match.",
 }
+FEEDBACK_KINDS = ("global", "regions")   # the loop's feedback (LoopConfig.feedback): `feedback`, or `region_sentence`
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #7646496a
 def feedback(attempt: dict) -> str:
@@ -104,9 +105,26 @@ def revision_prompt(task_prompt: str, champion_code: str, feedback_text: str) ->
     return block + cue + tail if cue else block
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #ee0384b5
-def revision_prompts(policy, tasks: list[Task], attempts: dict, budget: int | None = None) -> dict:
+def round_feedback(tasks: list[Task], rows: list[dict], kind: str = "global") -> list[str]:
+    """The feedback each task's champion gets before a revision round: `feedback` ("global"), or with "regions" the
+    closeness bucket + `region_feedback` of the champion re-drawn on the evaluator's grid against the task's target
+    (a champion that did not run: `feedback`'s status sentence)."""
+    if kind == "global":
+        return [feedback(row["champion"]) for row in rows]
+    if kind != "regions":
+        raise ValueError(f"round_feedback: kind={kind!r}; accepted: {FEEDBACK_KINDS}")
+    from pixrl.pix.evaluator import evaluate_many
+    ok = [i for i, row in enumerate(rows) if row["champion"]["status"] == "OK"]
+    res = evaluate_many([(tasks[i], _code(rows[i]), "py") for i in ok]) if ok else []
+    out = [feedback(row["champion"]) for row in rows]
+    for i, r in zip(ok, res):
+        out[i] = region_sentence(rows[i]["champion"]["iou"] or 0.0, region_directions(r.mask, tasks[i].target_mask))
+    return out
+
+def revision_prompts(policy, tasks: list[Task], attempts: dict, budget: int | None = None, feedback_kind: str = "global") -> dict:
     """{task id: the string fed to `policy` to revise `attempts[task id]`}: the loop's `revision_prompt` over the task
-    prompt, the attempt's program and its `feedback`, fed as every prompt of the policy (`policy.feed`).
+    prompt, the attempt's program and the feedback the loop gives it (`round_feedback` of `feedback_kind`, the loop's
+    `LoopConfig.feedback`), fed as every prompt of the policy (`policy.feed`).
     `attempts`: {task id: one verified attempt (`pixrl.pix.harvest.verify`)} for every task of `tasks`. Refused
     (ValueError naming the value): an attempt for a task not in `tasks` (no prompt for it), a task without an attempt,
     an attempt without a program, a prompt longer than `budget` tokens (None: `token_budget(policy, None)`)."""
@@ -120,13 +138,15 @@ def revision_prompts(policy, tasks: list[Task], attempts: dict, budget: int | No
     if missing:
         raise ValueError(f"no attempt for task(s) {missing[:5]}; accepted: one attempt per task")
     budget = token_budget(policy, None) if budget is None else budget
-    out = {}
     for t in tasks:
         a = attempts[t.id]
-        code = (a.get("code") or "").strip()
-        if not code:
+        if not (a.get("code") or "").strip():
             raise ValueError(f"task {t.id}: its attempt has no program (status {a.get('status')!r}); a revision needs one")
-        text = policy.feed(revision_prompt(prompt_text(t, policy.prompt_spec), code, feedback(a)))
+    fbs = round_feedback(tasks, [{"champion": attempts[t.id]} for t in tasks], feedback_kind)
+    out = {}
+    for t, fb in zip(tasks, fbs):
+        code = attempts[t.id]["code"].strip()
+        text = policy.feed(revision_prompt(prompt_text(t, policy.prompt_spec), code, fb))
         n = len(policy.tokenizer(text, add_special_tokens=False)["input_ids"])
         if n > budget:
             raise ValueError(f"task {t.id}: its revision prompt has {n} tokens; accepted: at most {budget} "
@@ -162,7 +182,6 @@ class LoopConfig:
 
 
 LOOP_KIND = "pixrl.agent_loop"
-FEEDBACK_KINDS = ("global", "regions")
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #e587eecc
 def _pick_champion(attempts: list[dict]) -> int:
@@ -197,22 +216,6 @@ def _close_row(row: dict) -> None:
 def _code(row: dict) -> str:
     "The champion's program, stripped ('' when it has none)."
     return (row["champion"].get("code") or "").strip()
-
-def round_feedback(tasks: list[Task], rows: list[dict], kind: str = "global") -> list[str]:
-    """The feedback each task's champion gets before a revision round: `feedback` ("global"), or with "regions" the
-    closeness bucket + `region_feedback` of the champion re-drawn on the evaluator's grid against the task's target
-    (a champion that did not run: `feedback`'s status sentence)."""
-    if kind == "global":
-        return [feedback(row["champion"]) for row in rows]
-    if kind != "regions":
-        raise ValueError(f"round_feedback: kind={kind!r}; accepted: {FEEDBACK_KINDS}")
-    from pixrl.pix.evaluator import evaluate_many
-    ok = [i for i, row in enumerate(rows) if row["champion"]["status"] == "OK"]
-    res = evaluate_many([(tasks[i], _code(rows[i]), "py") for i in ok]) if ok else []
-    out = [feedback(row["champion"]) for row in rows]
-    for i, r in zip(ok, res):
-        out[i] = region_sentence(rows[i]["champion"]["iou"] or 0.0, region_directions(r.mask, tasks[i].target_mask))
-    return out
 
 def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(), spec=None,
                    model: str | None = None) -> dict:
