@@ -35,7 +35,7 @@ REVISER_NAME = "pixrl-base-reviser"  # pixrl-base-long continued with half its s
 EDITOR_NAME = "pixrl-base-editor"  # pixrl-base continued with half its scenes shown as revisions that move one edge by half a cell
 EDITOR_REGIONS_NAME = "pixrl-base-editor-regions"  # the same, its revisions answering the loop's region feedback (LoopConfig.feedback)
 VL_BASE_NAME = "pixrl-base-vl"   # a LLaVA VLM on pixrl-base's language model, pretrained through the image only (pixrl.pix.base_vl)
-COMMITTED_MODELS = (BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, VL_BASE_NAME)   # built by `make base` / `make base-vl`, committed under data/models/ with a sha256 record
+COMMITTED_MODELS = (BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME, VL_BASE_NAME)   # built by `make base` / `make base-vl`, committed under data/models/ with a sha256 record
 PIXRL_META = "pixrl.json"        # beside a model's weights: the PromptSpec it was trained with, its budget, its build
 
 def repo_root() -> Path:
