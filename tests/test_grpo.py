@@ -1,6 +1,7 @@
 """pixrl.pix.grpo: the advantage TRL trains with equals `pixrl.advantage.group_advantage` for the same rewards, under
 every `scale_rewards` a campaign can choose; the loss settings a campaign names reach TRL's config."""
-import tempfile
+import json, tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,10 +150,33 @@ def test_shared_prefix_trains_the_same_adapter_as_trls_forward(tmp_path):
     assert any(not torch.equal(p, torch.zeros_like(p)) for n, p in adapters[1].items() if "lora_B" in n)
 
 
-def test_shared_prefix_refuses_a_vision_policy(tmp_path):
+def test_shared_prefix_trains_a_llava_vlm_as_trls_forward(tmp_path, monkeypatch):
+    """A LLaVA VLM (pixrl-tiny-vl): two GRPO steps with shared_prefix end at the weights TRL's forward gives (float
+    rounding), and the shared forward ran, given each row's image."""
     from pixrl.pix.grpo import run_grpo
     from pixrl.pix.policy import resolve_model
-    with pytest.raises(ValueError, match="shared_prefix=True with .*a vision-language policy; accepted: a text policy"):
-        run_grpo(resolve_model("pixrl-tiny-vl"), [t for t in load_split("train") if t.level == 0][:1], tmp_path, steps=1,
-                 lora_r=8, reward="shaped_v3d", fast_rollouts=True, shared_prefix=True,
-                 **_knobs(CampaignConfig(), groups_per_step=1))
+    from safetensors.torch import load_file
+    tasks = [t for t in load_split("train") if t.level == 0][:2]
+    calls, inner = [], pixrl.pix.grpo.shared_prefix_logps
+    def counted(*args, **images):
+        calls.append(tuple(images["pixel_values"].shape))
+        return inner(*args, **images)
+    monkeypatch.setattr(pixrl.pix.grpo, "shared_prefix_logps", counted)
+    finals = []
+    for shared in (False, True):
+        out = run_grpo(resolve_model("pixrl-tiny-vl"), tasks, tmp_path / str(shared), steps=2, lora_r=8,
+                       reward="shaped_v3d", fast_rollouts=True, shared_prefix=shared,
+                       **_knobs(CampaignConfig(), groups_per_step=2))
+        finals.append(load_file(str(Path(out["final_dir"]) / "model.safetensors")))
+    gap = max((finals[0][k] - finals[1][k]).abs().max().item() for k in finals[0])
+    assert gap < 1e-4, gap
+    assert len(calls) == 2 and all(c[0] == 2 * G for c in calls), calls        # one loss forward a step, an image a row
+
+
+def test_shared_prefix_refuses_a_vlm_without_one_image_row_per_row(tmp_path):
+    """A Qwen-VL-style policy (flattened patches): refused at the campaign's validation, naming its model type."""
+    from pixrl.pix.campaign_config import validate
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    (tmp_path / "pixrl.json").write_text(json.dumps({"prompt_spec": {"vision": True}}))
+    with pytest.raises(ValueError, match="shared_prefix=True with .*'qwen2_5_vl' vision-language policy; accepted: a text policy or a VLM"):
+        validate(CampaignConfig(model=str(tmp_path), shared_prefix=True, runs_root=str(tmp_path / "runs")))

@@ -200,8 +200,11 @@ def validate(cfg: CampaignConfig) -> RunPlan:
         check_num_processes(cfg.num_processes, cfg.sft_batch, "SFT examples per optimizer step (sft_batch)")
     path = resolve_model(cfg.model)                            # missing path -> ValueError
     if cfg.shared_prefix and Path(path).exists() and model_meta(path).get("prompt_spec", {}).get("vision"):
-        raise ValueError(f"shared_prefix=True with model={cfg.model!r}, a vision-language policy; accepted: a text "
-                         "policy (a VLM's rows take TRL's forward: shared_prefix=False)")
+        from pixrl.pix.grpo import SHARED_PREFIX_VLMS
+        kind = json.loads((Path(path) / "config.json").read_text()).get("model_type")
+        if kind not in SHARED_PREFIX_VLMS:
+            raise ValueError(f"shared_prefix=True with model={cfg.model!r}, a {kind!r} vision-language policy; accepted: "
+                             f"a text policy or a VLM of {SHARED_PREFIX_VLMS} (one image row per prompt row)")
     if plan.needs_thinking:
         meta = model_meta(path) if Path(path).exists() else {}
         can = meta.get("can_think")

@@ -23,10 +23,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 datasets.disable_progress_bars()
 
 # %% auto #0
-__all__ = ['VLLM_LOGPROB_TOL', 'replay_mix', 'rl_dataset', 'sft_dataset', 'per_device_batch', 'PixGRPOTrainer', 'PixSFTTrainer',
-           'PeriodicProbe', 'time_shares', 'thread_cap', 'CpuShare', 'prompt_groups', 'rollout_seed', 'server_rollouts',
-           'rank_record', 'ProgressLog', 'has_cuda', 'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint',
-           'grpo_config', 'shared_prefix_logps', 'start_rollout_server', 'run_grpo', 'run_sft']
+__all__ = ['VLLM_LOGPROB_TOL', 'SHARED_PREFIX_VLMS', 'replay_mix', 'rl_dataset', 'sft_dataset', 'per_device_batch',
+           'PixGRPOTrainer', 'PixSFTTrainer', 'PeriodicProbe', 'time_shares', 'thread_cap', 'CpuShare', 'prompt_groups',
+           'rollout_seed', 'server_rollouts', 'rank_record', 'ProgressLog', 'has_cuda', 'resolve_use_vllm', 'device_kw',
+           'lora_config', 'last_checkpoint', 'grpo_config', 'shared_prefix_logps', 'start_rollout_server', 'run_grpo',
+           'run_sft']
 
 # %% ../../nbs/pix/07_grpo.ipynb #4c55cd8b
 def replay_mix(tasks: list, replay_tasks: list, replay_share: float, seed: int = 0) -> list:
@@ -125,11 +126,11 @@ class PixGRPOTrainer(GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **images):
-        if not self.shared_prefix or compute_aux_loss or any(v is not None for v in images.values()):
+        if not self.shared_prefix or compute_aux_loss:
             return super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size,
                                                               compute_entropy, compute_aux_loss, **images)
         with self.accelerator.autocast():
-            logps, entropies = shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep, compute_entropy)
+            logps, entropies = shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep, compute_entropy, **images)
         return logps, entropies, None
 
 class PixSFTTrainer(SFTTrainer):
@@ -379,16 +380,38 @@ def grpo_config(out_dir, steps: int, *, learning_rate: float, num_generations: i
                       chat_template_kwargs=chat_template_kwargs or None, **extra)
 
 # %% ../../nbs/pix/07_grpo.ipynb #f9967a77
-def shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool = False) -> tuple:
+SHARED_PREFIX_VLMS = ("llava",)   # VLM model types whose image inputs are one tensor row per prompt row: shared_prefix runs them
+
+def shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool = False,
+                        **images) -> tuple:
     """Per-token log-probabilities (and entropies, else None) of the last `logits_to_keep` tokens of every row, each
-    distinct prompt (the other columns, with their padding) run once. `model` carries TRL's fused LM head."""
+    distinct prompt (the other columns, with their padding, and its image) run once. `model` carries TRL's fused LM
+    head. `images`: a VLM's image inputs with one row per row of `input_ids` (LLaVA's `pixel_values`), given to the
+    prompt pass only; others (Qwen-VL's flattened patches) are refused, naming their shapes."""
     B, T = input_ids.shape                                                  # rows: left-padded prompt + completion
     P = T - logits_to_keep                                                  # prompt columns
     if P < 2:
         raise ValueError(f"shared_prefix_logps: {P} prompt column(s) (T {T}, logits_to_keep {logits_to_keep}); accepted: at least 2")
-    key = torch.cat([input_ids[:, :P], attention_mask[:, :P]], 1)          # (B, 2P): a prompt and its padding
-    distinct, row_of = torch.unique(key, dim=0, return_inverse=True)      # (U, 2P), (B,): row b's prompt is distinct[row_of[b]]
-    head = model(input_ids=distinct[:, :P - 1], attention_mask=distinct[:, P:2 * P - 1], use_cache=True, logits_to_keep=1)
+    images = {k: v for k, v in images.items() if v is not None}
+    count = images.pop("num_images", None)                                 # TRL's images per row: one each here
+    if count is not None and list(count) != [1] * B:
+        raise ValueError(f"shared_prefix_logps: num_images {list(count)[:8]} for {B} rows; accepted: one image per row")
+    bad = {k: (tuple(v.shape) if torch.is_tensor(v) else type(v).__name__) for k, v in images.items()
+           if not torch.is_tensor(v) or v.shape[0] != B}
+    if bad:
+        raise ValueError(f"shared_prefix_logps: image inputs {bad} for {B} rows; accepted: one tensor row per row "
+                         f"(model types {SHARED_PREFIX_VLMS})")
+    image_token = getattr(getattr(model, "config", None), "image_token_id", None)
+    if images and image_token is not None and (input_ids[:, P - 1:] == image_token).any():
+        raise ValueError("shared_prefix_logps: an image token after the prompt's first P − 1 columns; accepted: images "
+                         "inside the prompt")
+    key = torch.cat([input_ids[:, :P].double(), attention_mask[:, :P].double(),    # (B, 2P + image values): a prompt,
+                     *(v.reshape(B, -1).double() for v in images.values())], 1)   # its padding and its image
+    _, row_of = torch.unique(key, dim=0, return_inverse=True)              # (B,): row b's prompt is distinct prompt row_of[b]
+    first = torch.empty(int(row_of.max()) + 1, dtype=torch.long)
+    first[row_of] = torch.arange(B)                                         # (U,): a row holding each distinct prompt
+    head = model(input_ids=input_ids[first, :P - 1], attention_mask=attention_mask[first, :P - 1], use_cache=True,
+                 logits_to_keep=1, **{k: v[first] for k, v in images.items()})
     cache = head.cache                                                      # U rows of keys/values over P − 1 positions
     cache.batch_select_indices(row_of)                                      # → B rows (an index: gradients sum back per group)
     tail = input_ids[:, P - 1:]                                             # (B, 1 + C): the last prompt token, the completion
@@ -479,9 +502,9 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     policy = load_policy(model_dir, thinking=thinking)
-    if shared_prefix and policy.vision:
-        raise ValueError(f"shared_prefix=True with {policy.name}, a vision-language policy; accepted: a text policy "
-                         "(a VLM's rows take TRL's forward: shared_prefix=False)")
+    if shared_prefix and policy.vision and policy.model.config.model_type not in SHARED_PREFIX_VLMS:
+        raise ValueError(f"shared_prefix=True with {policy.name}, a {policy.model.config.model_type!r} VLM; accepted: a text "
+                         f"policy or a VLM of {SHARED_PREFIX_VLMS} (one image row per prompt row)")
     rows = replay_mix(tasks, list(replay_tasks), replay_share, seed)
     reward_fn = make_reward_fn({t.id: t for t in rows}, policy=reward)   # shaped_v3d | shaped_v3c | shaped_v3b | raw_iou
     dataset = rl_dataset(policy, rows, prompts)                          # a missing prompt: refused before any server starts
