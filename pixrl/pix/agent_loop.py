@@ -13,9 +13,9 @@ from .tasks import Task, release_digest
 # %% auto #0
 __all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'FEEDBACK_KINDS', 'LOOP_KIND',
            'PLAIN_SEED_OFFSET', 'REGION_NAMES', 'REGION_MIN_SHARE', 'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers',
-           'material_direction', 'feedback', 'revision_prompt', 'round_feedback', 'revision_prompts', 'LoopConfig',
-           'run_agent_loop', 'loop_summary', 'loop_budget', 'best_of_plain', 'loop_vs_plain', 'record_best',
-           'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence', 'scripted_loop',
+           'material_direction', 'closeness', 'feedback', 'revision_prompt', 'round_feedback', 'revision_prompts',
+           'LoopConfig', 'run_agent_loop', 'loop_summary', 'loop_budget', 'best_of_plain', 'loop_vs_plain',
+           'record_best', 'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence', 'scripted_loop',
            'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta',
            'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
@@ -69,6 +69,10 @@ DIRECTION_FEEDBACK = {
 FEEDBACK_KINDS = ("global", "regions")   # the loop's feedback (LoopConfig.feedback): `feedback`, or `region_sentence`
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #7646496a
+def closeness(iou: float) -> str:
+    "The closeness bucket's sentence of an IoU (`CLOSENESS_BUCKETS`: the first bound it reaches)."
+    return next(s for lo, s in CLOSENESS_BUCKETS if iou >= lo)
+
 def feedback(attempt: dict) -> str:
     """Deterministic, number-free feedback on one verified attempt (a dict from `pixrl.pix.harvest.verify`).
 
@@ -81,9 +85,7 @@ def feedback(attempt: dict) -> str:
         if reason:
             text += f" Reason: {reason}"
         return redact_numbers(text)
-    iou = attempt["iou"] or 0.0
-    bucket = next(s for lo, s in CLOSENESS_BUCKETS if iou >= lo)
-    return redact_numbers(f"{bucket} {DIRECTION_FEEDBACK[material_direction(attempt['extra_um'], attempt['missing_um'])]}")
+    return redact_numbers(f"{closeness(attempt['iou'] or 0.0)} {DIRECTION_FEEDBACK[material_direction(attempt['extra_um'], attempt['missing_um'])]}")
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #96dbf73b
 def revision_prompt(task_prompt: str, champion_code: str, feedback_text: str) -> str:
@@ -361,8 +363,7 @@ def region_feedback(directions: dict[int, str]) -> str:
 
 def region_sentence(iou: float, directions: dict[int, str]) -> str:
     "The loop's region feedback on an executed attempt: its closeness bucket (`CLOSENESS_BUCKETS`) + `region_feedback`."
-    bucket = next(s for lo, s in CLOSENESS_BUCKETS if iou >= lo)
-    return redact_numbers(f"{bucket} {region_feedback(directions)}")
+    return redact_numbers(f"{closeness(iou)} {region_feedback(directions)}")
 
 def _region_of(where, n: int) -> int:
     "The 3 × 3 region (`REGION_NAMES`) of a point (x, y) in cells from the bottom-left corner of an n-cell grid."
@@ -398,9 +399,8 @@ def scripted_loop(tasks: list[Task], step: float, guide: str, config: LoopConfig
     import numpy as np
     from pixrl.pix.base import band_source, EDIT_STEPS
     from pixrl.pix.evaluator import evaluate_many
-    from pixrl.pix.harvest import attempt_record
+    from pixrl.pix.harvest import score_result
     from pixrl.pix.prompt import ink_bands
-    from pixrl.pix.reward import shaped_breakdown, rect_baseline
     if guide not in SCRIPTED_GUIDES:
         raise ValueError(f"scripted_loop: guide={guide!r}; accepted: {SCRIPTED_GUIDES}")
     if step not in EDIT_STEPS:
@@ -410,8 +410,7 @@ def scripted_loop(tasks: list[Task], step: float, guide: str, config: LoopConfig
     def score(pairs):   # [(task, bands)] -> [(attempt, mask)]
         srcs = [band_source(t.footprint_um, b, n) for t, b in pairs]
         res = evaluate_many([(t, s, "py") for (t, _), s in zip(pairs, srcs)])
-        return [(attempt_record(s, r, shaped_breakdown(r, rect_baseline(t))), r.mask)
-                for (t, _), s, r in zip(pairs, srcs, res)]
+        return [(score_result(t, s, r), r.mask) for (t, _), s, r in zip(pairs, srcs, res)]
 
     champs = [ink_bands(t.model_image, n) for t in tasks]
     best = score(list(zip(tasks, champs)))

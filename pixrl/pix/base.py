@@ -189,18 +189,25 @@ def repair_bands(exact: list, prev: list, q: float, rng: np.random.Generator) ->
     return out
 
 
+def _attempt_feedback(scene, bands: list, n: int) -> tuple[str, str, dict, np.ndarray]:
+    "(program, loop feedback, metrics, drawn mask) of band list `bands` drawn over `scene`, on its 64 × 64 model image."
+    from pixrl.pix.agent_loop import feedback
+    from pixrl.pix.metrics import mask_metrics, mean_axis_scale, target_side
+    src = band_source(scene.footprint_um, bands, n)
+    drawn = render(src, scene.footprint_um, MODEL_IMAGE_SHAPE)          # (64, 64) bool: the attempt's image
+    m = mask_metrics(drawn, target_side(scene.model_image), mean_axis_scale(scene.footprint_um, MODEL_IMAGE_SHAPE))
+    return src, feedback({"status": "OK", **m}), m, drawn
+
+
 def revision_example(scene, rng: np.random.Generator, jitter: float, repair: float, n: int = BASE_CELLS) -> tuple[str, str]:
     """(prompt, answer) of `scene` shown as a revision: the previous attempt is the noisy demonstrator's copy
     (`jitter`), the feedback the loop's on it, the prompt `revision_prompt`'s, the answer the attempt with each wrong
     number put right with probability `repair`."""
-    from pixrl.pix.agent_loop import feedback, revision_prompt
-    from pixrl.pix.metrics import mask_metrics, mean_axis_scale, target_side
+    from pixrl.pix.agent_loop import revision_prompt
     exact = ink_bands(scene.model_image, n)
     prev = jitter_bands(exact, jitter, rng)
-    prev_src = band_source(scene.footprint_um, prev, n)
-    drawn = render(prev_src, scene.footprint_um, MODEL_IMAGE_SHAPE)      # (64, 64) bool: the attempt's image
-    m = mask_metrics(drawn, target_side(scene.model_image), mean_axis_scale(scene.footprint_um, MODEL_IMAGE_SHAPE))
-    prompt = revision_prompt(build_prompt(scene, BASE_PROMPT_SPEC), prev_src, feedback({"status": "OK", **m}))
+    prev_src, fb, _, _ = _attempt_feedback(scene, prev, n)
+    prompt = revision_prompt(build_prompt(scene, BASE_PROMPT_SPEC), prev_src, fb)
     return prompt, format_answer(band_source(scene.footprint_um, repair_bands(exact, prev, repair, rng), n))
 
 # %% ../../nbs/pix/06a_base.ipynb #12293a98
@@ -263,16 +270,6 @@ def edit_bands(bands: list, step: float, direction: str, rng: np.random.Generato
     return pool[rng.integers(len(pool))] if pool else list(bands)
 
 
-def _attempt_feedback(scene, bands: list, n: int) -> tuple[str, str, dict]:
-    "(program, loop feedback, metrics) of band list `bands` drawn over `scene`, measured on its 64 × 64 model image."
-    from pixrl.pix.agent_loop import feedback
-    from pixrl.pix.metrics import mask_metrics, mean_axis_scale, target_side
-    src = band_source(scene.footprint_um, bands, n)
-    drawn = render(src, scene.footprint_um, MODEL_IMAGE_SHAPE)          # (64, 64) bool: the attempt's image
-    m = mask_metrics(drawn, target_side(scene.model_image), mean_axis_scale(scene.footprint_um, MODEL_IMAGE_SHAPE))
-    return src, feedback({"status": "OK", **m}), m
-
-
 def edit_example(scene, rng: np.random.Generator, step: float, prior: int, n: int = BASE_CELLS,
                  feedback: str = "global") -> tuple[str, str]:
     """(prompt, answer) of `scene` shown as a revision by the editing demonstrator: the previous attempt is the exact
@@ -288,9 +285,8 @@ def edit_example(scene, rng: np.random.Generator, step: float, prior: int, n: in
     prev = ink_bands(scene.model_image, n)
     for _ in range(int(rng.integers(prior + 1))):
         prev = edit_bands(prev, step, "BOTH", rng, n)
-    src, fb, m = _attempt_feedback(scene, prev, n)
+    src, fb, m, drawn = _attempt_feedback(scene, prev, n)
     if feedback == "regions":
-        drawn = render(src, scene.footprint_um, MODEL_IMAGE_SHAPE)               # (64, 64) bool
         regions = region_directions(drawn, scene.model_image)
         fb = region_sentence(m["iou"], regions)
         answer = _scripted_edit(prev, step, "regions", None, regions, rng, n)

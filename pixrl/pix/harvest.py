@@ -10,9 +10,9 @@ from .reward import rect_baseline, shaped_breakdown, extract_program, DEFAULT_RE
 from .tasks import Task, get_task, load_split
 
 # %% auto #0
-__all__ = ['WIN_IOU_N', 'WINNERS_KIND', 'attempt_record', 'attempt_iou', 'verify', 'policy_prompt', 'task_prompts',
-           'sample_and_verify', 'train_tasks_only', 'harvest', 'select_winners', 'apply_winner_labels', 'save_winners',
-           'load_winners', 'load_winner_tasks']
+__all__ = ['WIN_IOU_N', 'WINNERS_KIND', 'attempt_record', 'attempt_iou', 'verify', 'score_result', 'policy_prompt',
+           'task_prompts', 'sample_and_verify', 'train_tasks_only', 'harvest', 'select_winners', 'apply_winner_labels',
+           'save_winners', 'load_winners', 'load_winner_tasks']
 
 # %% ../../nbs/pix/10_harvest.ipynb #84fe9ff8
 WIN_IOU_N = 0.5  # the harvest gate: iou_n >= 0.5 (iou_n from pixrl.pix.reward.shaped_breakdown)
@@ -56,13 +56,16 @@ def verify(tasks: list[Task], codes: list[list[str]], representation: str = "py"
     results = evaluate_many(pairs, workers=workers) if pairs else []
     out, k = [], 0
     for t, cs in zip(tasks, codes):
-        base = rect_baseline(t)
         row = []
         for c in cs:
-            row.append(attempt_record(c, results[k], shaped_breakdown(results[k], base, policy=reward)))
+            row.append(score_result(t, c, results[k], reward))
             k += 1
         out.append(row)
     return out
+
+def score_result(task: Task, code: str, result: EvalResult, reward: str = DEFAULT_REWARD) -> dict:
+    "The attempt record of `code`'s evaluator `result` on `task`: `attempt_record` with the shaped breakdown under `reward`."
+    return attempt_record(code, result, shaped_breakdown(result, rect_baseline(task), policy=reward))
 
 # %% ../../nbs/pix/10_harvest.ipynb #95e20170
 def policy_prompt(policy, text: str) -> str:
