@@ -2,7 +2,7 @@
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #a1153ac1
 from __future__ import annotations
-import dataclasses, json, math, numbers, time
+import dataclasses, json, math, numbers, re, time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,11 +13,15 @@ from ..advantage import ADVANTAGES, check_alpha, check_gamma
 from ..core import write_text_atomic, read_json, run_record
 from ..stats import seed_ci
 from .train import MemTrainConfig, MemGRPOTrainer, PlateauRule, batch_rows, heldout_metrics, upgrade_saved_config
+from .env import EMPTY_MEMORY, parse_turn, format_turn
+from .model import question_subject, mentions
+from .rollout import Gen
 
 # %% auto #0
-__all__ = ['NO_ALPHA', 'FINAL_KEYS', 'LAST10_TRAIN', 'WARM_KEYS', 'Arm', 'parse_arms', 'parse_seeds', 'arm_seed_dir',
-           'arm_seed_record', 'run_arm_seed', 'run_ablation', 'gate_credit', 'summarize', 'arm_table', 'collapse_test',
-           'compare_arms']
+__all__ = ['NO_ALPHA', 'FINAL_KEYS', 'LAST10_TRAIN', 'STOPS', 'CHUNK_NAMES', 'UPDATE_RULES', 'EXIT_RULES', 'WARM_KEYS', 'Arm',
+           'parse_arms', 'parse_seeds', 'arm_seed_dir', 'arm_seed_record', 'run_arm_seed', 'run_ablation',
+           'gate_credit', 'stop_kind', 'stop_table', 'chunk_names', 'gate_rates', 'GateOverride', 'summarize',
+           'arm_table', 'collapse_test', 'compare_arms']
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #7a253c63
 NO_ALPHA = ("gigpo", "gigpo_verl")   # credit assignments whose advantage has no α (Â = Â_traj + ω·Â_step)
@@ -230,6 +234,92 @@ def gate_credit(trajs, advantage: str, alpha: float = 0.9, omega: float = 1.0, g
                                                    positive=("adv", lambda a: float((a > 0).mean())),
                                                    alone=("alone", "mean"))
     return out.reset_index()
+
+# %% ../../nbs/mem/24_mem_ablation.ipynb #15c2802c
+STOPS = ("early", "exact", "late")   # where a memory loop stopped, against the last evidence chunk
+CHUNK_NAMES = ("both", "the asked service, another key", "the asked key, another service", "neither")
+UPDATE_RULES = (None, "oracle", "off_subject")   # GateOverride(update=...)
+EXIT_RULES = (None, "oracle")                    # GateOverride(exit=...)
+_ASKED_KEY = re.compile(r"^What is the (?:current )?(\S+) of (\S+)\?$")
+_TURN_PROMPT = re.compile(r"Question: (?P<q>[^\n]*)\nMemory: (?P<m>[^\n]*)\nChunk: (?P<c>[^\n]*)\n\Z")
+
+
+def stop_kind(episode) -> str:
+    "`early`, `exact` or `late`: where a finished `MemEpisode` stopped (`exit_turn`) against its last evidence chunk."
+    if episode.exit_turn is None:
+        raise ValueError("stop_kind needs a finished episode; exit_turn is None (the memory loop has not ended)")
+    if episode.exit_turn == episode.last_evidence:
+        return "exact"
+    return "early" if episode.exit_turn < episode.last_evidence else "late"
+
+
+def stop_table(trajs) -> pd.DataFrame:
+    """Per stop kind (one row each of `STOPS`, in that order): episodes, mean outcome, and the share of episodes whose
+    final memory holds the gold answer (case-folded substring); outcome and share are NaN for a kind with no episode."""
+    rows = [{"stop": stop_kind(t.episode), "outcome": t.rewards["r_outcome"],
+             "memory_holds_answer": t.episode.gold.casefold() in t.episode.memory.casefold()} for t in trajs]
+    df = pd.DataFrame(rows, columns=["stop", "outcome", "memory_holds_answer"])
+    out = df.groupby("stop").agg(episodes=("outcome", "size"), outcome=("outcome", "mean"),
+                                 memory_holds_answer=("memory_holds_answer", "mean")).reindex(list(STOPS))
+    out["episodes"] = out["episodes"].fillna(0).astype(int)
+    return out
+
+
+def chunk_names(question: str, text: str) -> str:
+    "Which of a direct question's two names (`What is the <key> of <service>?`) a chunk carries: one of `CHUNK_NAMES`."
+    m = _ASKED_KEY.match(question)
+    if m is None:
+        raise ValueError(f"chunk_names takes a direct question 'What is the <key> of <service>?'; got {question!r}")
+    key, service = mentions(m.group(1), text), mentions(m.group(2), text)
+    return CHUNK_NAMES[0 if key and service else 1 if service else 2 if key else 3]
+
+
+def gate_rates(trajs) -> pd.DataFrame:
+    """How often each gate fires by chunk: per (evidence label, `chunk_names`) over every memory turn of `trajs`, the
+    turns, P(check = yes) and P(next = end) (an unparsed turn counts as neither)."""
+    rows = [{"evidence": lg.evidence, "names": chunk_names(t.episode.question, t.episode.chunks[lg.t][0]),
+             "yes": lg.check is True, "end": lg.ended} for t in trajs for lg in t.episode.logs]
+    df = pd.DataFrame(rows, columns=["evidence", "names", "yes", "end"])
+    return df.groupby(["evidence", "names"]).agg(turns=("yes", "size"), p_yes=("yes", "mean"), p_end=("end", "mean"))
+
+
+class GateOverride:
+    """A policy: `policy`'s replies with the update gate and/or the exit gate replaced by a rule (`UPDATE_RULES`,
+    `EXIT_RULES`; None keeps the policy's). `records` are the episodes' records: a memory-turn prompt is looked up by its
+    question and chunk. For measurement, not training: a rewritten reply's text no longer matches its token ids."""
+    def __init__(self, policy, records, update: str | None = None, exit: str | None = None):
+        if update not in UPDATE_RULES:
+            raise ValueError(f"update={update!r}: not a rule; accepted: {UPDATE_RULES}")
+        if exit not in EXIT_RULES:
+            raise ValueError(f"exit={exit!r}: not a rule; accepted: {EXIT_RULES}")
+        self.policy, self.update, self.exit = policy, update, exit
+        self.labels = {}                  # (question, chunk text) -> (evidence, is the last evidence chunk)
+        for r in records:
+            for t, ch in enumerate(r.chunks):
+                label = (bool(ch.evidence), t == r.last_evidence)
+                if self.labels.setdefault((r.question, ch.text), label) != label:
+                    raise ValueError(f"records disagree on the labels of chunk {ch.text!r} under {r.question!r}")
+
+    def _rewrite(self, prompt: str, gen: Gen) -> Gen:
+        m, turn = _TURN_PROMPT.search(prompt), parse_turn(gen.text)
+        if m is None or turn is None:              # an answer turn, or a reply that did not parse: the policy's own
+            return gen
+        try:
+            evidence, last = self.labels[(m["q"], m["c"])]
+        except KeyError:
+            raise ValueError(f"no record holds chunk {m['c']!r} under question {m['q']!r}") from None
+        check = {None: turn.check, "oracle": evidence,
+                 "off_subject": turn.check and mentions(question_subject(m["q"]), m["c"])}[self.update]
+        nxt = turn.next if self.exit is None else ("end" if last else "continue")
+        if check == turn.check and nxt == turn.next:
+            return gen
+        memory = "" if m["m"] == EMPTY_MEMORY else m["m"]
+        update = turn.update if check == turn.check else ((memory + " " + m["c"]).strip() if check else "")
+        return dataclasses.replace(gen, text=format_turn(check, update, nxt))
+
+    def generate(self, prompts, *args, **kwargs) -> list[Gen]:
+        "The wrapped policy's `generate`, each memory-turn reply rewritten by the rules."
+        return [self._rewrite(p, g) for p, g in zip(prompts, self.policy.generate(prompts, *args, **kwargs))]
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #fc2f3964
 WARM_KEYS = ("outcome_val", "format", "update_acc_free", "update_acc_evidence")
