@@ -51,3 +51,12 @@ def cache_with_data(root) -> str:
     dst = Path(root) / tasks.RELEASE
     shutil.copytree(tasks.cache_dir(tasks.RELEASE), dst, ignore=shutil.ignore_patterns(".lock"), dirs_exist_ok=True)
     return str(root)
+
+
+def release_copy(tmp_path, monkeypatch) -> Path:
+    "A private copy of the dataset cache under a tmp PIXRL_CACHE (the real cache is never touched): its release folder."
+    from pixrl.pix import tasks
+    dst = tmp_path / "cache"
+    monkeypatch.setenv("PIXRL_CACHE", cache_with_data(dst))
+    assert tasks.cache_dir(tasks.RELEASE) == dst / tasks.RELEASE
+    return dst / tasks.RELEASE

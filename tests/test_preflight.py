@@ -14,7 +14,7 @@ import pixrl.pix.preflight as P
 import pixrl.pix.prompt as PR
 import pixrl.pix.reward as R
 import pixrl.pix.tasks as T
-from conftest import cache_with_data
+from conftest import release_copy
 
 
 class CharTokenizer:
@@ -43,14 +43,6 @@ class ChatTokenizer(HFLikeTokenizer):
 @pytest.fixture(scope="module")
 def val():
     return T.load_split("validation")
-
-
-def _copy_cache(tmp_path, monkeypatch):
-    "A private copy of the dataset cache under a tmp PIXRL_CACHE (the real cache is never touched)."
-    dst = tmp_path / "cache"
-    monkeypatch.setenv("PIXRL_CACHE", cache_with_data(dst))
-    assert T.cache_dir(T.RELEASE) == dst / T.RELEASE
-    return dst / T.RELEASE
 
 
 def test_clean_run_passes_and_report_is_strict_json():
@@ -83,7 +75,7 @@ def test_no_tokenizer_is_skipped_not_passed(val):
 
 
 def test_tampered_cache_fails_data_check_naming_the_task(tmp_path, monkeypatch, val):
-    d = _copy_cache(tmp_path, monkeypatch)
+    d = release_copy(tmp_path, monkeypatch)
     doc = json.loads((d / "validation.json").read_text())
     victim = doc["tasks"][7]["id"]
     doc["tasks"][7]["program"] = doc["tasks"][7]["program"].replace("1", "2", 1) + "# edited\n"
@@ -104,7 +96,7 @@ def test_tampered_cache_fails_data_check_naming_the_task(tmp_path, monkeypatch, 
 
 
 def test_flipped_target_bit_names_the_task(tmp_path, monkeypatch, val):
-    d = _copy_cache(tmp_path, monkeypatch)
+    d = release_copy(tmp_path, monkeypatch)
     targets = np.load(d / "validation.targets.npy")
     targets[3, 100] ^= 0x01
     np.save(d / "validation.targets.npy", targets)
@@ -332,7 +324,7 @@ def test_bad_arguments_raise():
 def test_cli_exit_codes(tmp_path, monkeypatch, capsys):
     assert P.cli_main(["--splits", "validation", "--positive-control-n", "5"]) == 0
     assert "Preflight PASSED" in capsys.readouterr().out
-    d = _copy_cache(tmp_path, monkeypatch)
+    d = release_copy(tmp_path, monkeypatch)
     targets = np.load(d / "validation.targets.npy")
     targets[0, 0] ^= 0x80
     np.save(d / "validation.targets.npy", targets)

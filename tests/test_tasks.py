@@ -8,21 +8,13 @@ import pytest
 
 import pixrl.pix.tasks as T
 from pixrl.pix.geometry import Grid, RenderError, check_footprint, mask_sha256, rasterize, render, run_program
-from conftest import cache_with_data
+from conftest import release_copy
 
 
 @pytest.fixture(scope="module")
 def release():
     "All splits from the default cache (built and verified on first use)."
     return {s: T.load_split(s) for s in T.SPLITS}
-
-
-def _copy_cache(tmp_path, monkeypatch):
-    "A private copy of the dataset cache under a tmp PIXRL_CACHE (the real cache is never touched)."
-    dst = tmp_path / "cache"
-    monkeypatch.setenv("PIXRL_CACHE", cache_with_data(dst))
-    assert T.cache_dir(T.RELEASE) == dst / T.RELEASE
-    return dst / T.RELEASE
 
 
 def test_ground_truth_programs_reproduce_every_target_exactly(release):
@@ -107,7 +99,7 @@ def test_manifest_is_sealed_and_small():
 
 
 def test_tampered_target_byte_names_task_and_split(tmp_path, monkeypatch):
-    d = _copy_cache(tmp_path, monkeypatch)
+    d = release_copy(tmp_path, monkeypatch)
     meta = json.loads((d / "validation.json").read_text())["tasks"]
     k = 17
     path = d / "validation.targets.npy"
@@ -126,7 +118,7 @@ def test_tampered_target_byte_names_task_and_split(tmp_path, monkeypatch):
 
 
 def test_tampered_program_names_task(tmp_path, monkeypatch):
-    d = _copy_cache(tmp_path, monkeypatch)
+    d = release_copy(tmp_path, monkeypatch)
     doc = json.loads((d / "test.json").read_text())
     doc["tasks"][3]["program"] += "rect(0, 0, 1, 1)\n"
     (d / "test.json").write_text(json.dumps(doc))
@@ -137,7 +129,7 @@ def test_tampered_program_names_task(tmp_path, monkeypatch):
 
 def test_missing_cache_is_rebuilt_and_verified(tmp_path, monkeypatch, release):
     before = T.manifest_path().stat().st_mtime_ns
-    d = _copy_cache(tmp_path, monkeypatch)
+    d = release_copy(tmp_path, monkeypatch)
     (d / "train.targets.npy").unlink()  # one artefact missing: the whole cache is rebuilt
     tasks = T.load_split("train")
     assert [t.id for t in tasks] == [t.id for t in release["train"]]
