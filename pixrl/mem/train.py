@@ -13,6 +13,7 @@ import torch
 
 from ..advantage import credit_advantage, answer_advantage, ADVANTAGES
 from .env import TURN_HEADER, ANSWER_HEADER
+from .rewards import R_EXIT_EARLY, R_EXIT_LATE
 from . import corpus as mem_corpus
 from ..tracking import REPORT_TO, Tracker, check_report_to, tracker_dir
 from ..vllm import vllm_versions
@@ -218,6 +219,8 @@ def trajectory_metrics(trajs: Sequence[Trajectory], prefix: str = "") -> dict:
     m = {"gate/acc_evidence": float(gc[ev].mean()) if ev.any() else nan,
          "gate/acc_free": float(gc[~ev].mean()) if (~ev).any() else nan,
          "exit/exact_ratio": float(np.mean([bool(tr.rewards["exact_exit"]) for tr in trajs])),
+         "exit/early_ratio": float(np.mean([tr.rewards["r_exit"] == R_EXIT_EARLY for tr in trajs])),
+         "exit/late_ratio": float(np.mean([tr.rewards["r_exit"] == R_EXIT_LATE for tr in trajs])),
          "format/correct": R("r_format"), "reward/outcome": R("r_outcome"), "reward/exit": R("r_exit"),
          "reward/traj": R("r_traj"),
          "reward/update": float(np.mean(np.concatenate([tr.rewards["r_update"] for tr in trajs]))),
@@ -239,13 +242,15 @@ def val_metrics(m: dict) -> dict:
 def heldout_metrics(policy, records, cfg: MemTrainConfig, rollouts: int = 4, seed: int = 10_007) -> dict:
     """The agent on `records` (held-out projects): `rollouts` episodes per record under validation sampling
     (`cfg.val_temperature`, `cfg.val_top_p`). Keys: outcome (exact match), format (strict, whole trajectory),
-    update_acc_free / update_acc_evidence (gate accuracy on evidence-free / evidence chunks), exact_exit, reward
-    (r_traj), resp_tokens (per memory turn), n_episodes."""
+    update_acc_free / update_acc_evidence (gate accuracy on evidence-free / evidence chunks), exact_exit,
+    early_exit / late_exit (shares stopping before / after the last evidence chunk), reward (r_traj), resp_tokens
+    (per memory turn), n_episodes."""
     trajs = rollout(policy, records, rollouts, cfg.val_temperature, cfg.val_top_p, seed=seed,
                     turn_header=cfg.turn_header, answer_header=cfg.answer_header)
     m = trajectory_metrics(trajs)
     return dict(outcome=m["reward/outcome"], format=m["format/correct"], update_acc_free=m["gate/acc_free"],
-                update_acc_evidence=m["gate/acc_evidence"], exact_exit=m["exit/exact_ratio"], reward=m["reward/traj"],
+                update_acc_evidence=m["gate/acc_evidence"], exact_exit=m["exit/exact_ratio"],
+                early_exit=m["exit/early_ratio"], late_exit=m["exit/late_ratio"], reward=m["reward/traj"],
                 resp_tokens=m["resp/mean_tokens"], n_episodes=len(trajs))
 
 # %% ../../nbs/mem/22_mem_train.ipynb #f4b25411
