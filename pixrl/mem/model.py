@@ -15,11 +15,11 @@ from . import corpus as mem_corpus
 from .env import turn_prompt, answer_prompt, format_turn, TURN_HEADER, ANSWER_HEADER
 
 # %% auto #0
-__all__ = ['PROTOCOL_TAGS', 'SPECIAL_TOKENS', 'TINY_TURN_HEADER', 'TINY_ANSWER_HEADER', 'CPU_CORPUS', 'VAL_FRACTION',
-           'MEM_BASE_NAME', 'build_tokenizer', 'generator_words', 'question_subject', 'mentions', 'warm_start_pairs',
-           'MemTinyConfig', 'build_model', 'encode_pairs', 'label_loss', 'optimizer_step', 'warm_start', 'cpu_corpus',
-           'mem_tiny_dir', 'build_mem_tiny', 'ensure_mem_tiny', 'MemBaseConfig', 'pretrain_corpus', 'base_batch',
-           'train_mem_base', 'mem_base_dir', 'build_mem_base']
+__all__ = ['PROTOCOL_TAGS', 'SPECIAL_TOKENS', 'TINY_TURN_HEADER', 'TINY_ANSWER_HEADER', 'GATE_OPENERS', 'CPU_CORPUS',
+           'VAL_FRACTION', 'MEM_BASE_NAME', 'build_tokenizer', 'generator_words', 'question_subject', 'mentions',
+           'warm_start_pairs', 'MemTinyConfig', 'build_model', 'encode_pairs', 'label_loss', 'decision_weights',
+           'optimizer_step', 'warm_start', 'cpu_corpus', 'mem_tiny_dir', 'build_mem_tiny', 'ensure_mem_tiny',
+           'MemBaseConfig', 'pretrain_corpus', 'base_batch', 'train_mem_base', 'mem_base_dir', 'build_mem_base']
 
 # %% ../../nbs/mem/23_mem_model.ipynb #03d2892b
 PROTOCOL_TAGS = ("<check>", "</check>", "<update>", "</update>", "<next>", "</next>")
@@ -120,12 +120,27 @@ def encode_pairs(tokenizer, pairs, device="cpu"):
     batch = collate([encode_example(tokenizer, p, c) for p, c in pairs], tokenizer.pad_token_id)   # the tiny builder's
     return batch["input_ids"].to(device), batch["attention_mask"].to(device), batch["labels"].to(device)   # (B, T) each
 
-def label_loss(model, ids, att, lab):
-    "Mean next-token cross-entropy on the labelled positions; the LM head runs only there (it dominates a tiny model)."
+def label_loss(model, ids, att, lab, weights=None):
+    """Next-token cross-entropy on the labelled positions: their mean, or with `weights` (B, L-1) — one per next-token
+    target — their weighted mean Σ w·ce / Σ w. The LM head runs only there (it dominates a tiny model)."""
     h = model.model(input_ids=ids, attention_mask=att).last_hidden_state[:, :-1]   # (B, L-1, d)
     sel = lab[:, 1:] != -100                                                          # (B, L-1)
     logits = model.lm_head(h[sel])                                                    # (N, V)
-    return torch.nn.functional.cross_entropy(logits.float(), lab[:, 1:][sel])
+    if weights is None:
+        return torch.nn.functional.cross_entropy(logits.float(), lab[:, 1:][sel])
+    ce = torch.nn.functional.cross_entropy(logits.float(), lab[:, 1:][sel], reduction="none")   # (N,)
+    w = weights[sel]                                                                  # (N,)
+    return (ce * w).sum() / w.sum()
+
+GATE_OPENERS = ("<check>", "<next>")   # the token right after each is a gate's decision (yes|no, continue|end)
+
+def decision_weights(ids, tokenizer, weight: float):
+    """(B, L-1) weights of the next-token targets of `ids` (B, L): `weight` where the target is a gate's decision
+    (the token right after `<check>` or `<next>`), 1 elsewhere. ValueError when the tokenizer lacks an opener."""
+    openers = [tokenizer.convert_tokens_to_ids(t) for t in GATE_OPENERS]
+    if any(o is None or o == tokenizer.unk_token_id for o in openers):
+        raise ValueError(f"the tokenizer has no single token for {GATE_OPENERS}; got ids {openers}")
+    return torch.where(torch.isin(ids[:, :-1], torch.tensor(openers)), float(weight), 1.0)
 
 def optimizer_step(model, opt, sched, loss) -> None:
     "One supervised step: backward, clip the gradient norm to 1, AdamW step, schedule step."
@@ -237,6 +252,18 @@ class MemBaseConfig:
     min_lr_frac: float = 0.05         # floor of the cosine schedule
     ckpt_every: int = 250             # steps between checkpoints (resumable; the last two are kept)
     seed: int = 0                     # model init and batch order
+    decision_weight: float = 1.0      # weight of the two gates' decision tokens in the loss, > 0 (1: every token alike, as pixrl-mem-base was built)
+
+    def __post_init__(self):
+        if isinstance(self.decision_weight, bool) or not isinstance(self.decision_weight, (int, float)) or not self.decision_weight > 0:
+            raise ValueError(f"decision_weight={self.decision_weight!r}; accepted: a number > 0 (1: every token alike)")
+
+    def record(self) -> dict:
+        "The config as recorded and fingerprinted: `asdict`, less `decision_weight` at 1 (the builds made before it existed)."
+        d = asdict(self)
+        if d["decision_weight"] == 1:
+            del d["decision_weight"]
+        return d
 
     def lr_at(self, step: int) -> float:
         "Learning rate of optimizer step `step` (0-based): warm-up, then cosine to min_lr_frac · lr."
@@ -246,7 +273,7 @@ class MemBaseConfig:
 
     def fingerprint(self) -> str:
         "A short digest of this config: checkpoints of one config never resume another (the work dir's name)."
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(self.record(), sort_keys=True).encode()).hexdigest()[:12]
 
 # %% ../../nbs/mem/23_mem_model.ipynb #00a870a8
 def pretrain_corpus(cfg: MemBaseConfig = MemBaseConfig()) -> tuple[list, dict]:
@@ -286,13 +313,14 @@ def train_mem_base(cfg: MemBaseConfig, work_dir, stop_after: int | None = None, 
     model = build_model(tok, cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: cfg.lr_at(t) / cfg.lr)
-    start, log = resume_training(work / "ckpt", asdict(cfg), model, opt, sched)
+    start, log = resume_training(work / "ckpt", cfg.record(), model, opt, sched)
     model.train()
     ran, window = 0, []
     with Timer() as t:
         for step in range(start, cfg.steps):
             ids, att, lab = encode_pairs(tok, base_batch(pairs, cfg, step))   # (B, T) each
-            loss = label_loss(model, ids, att, lab)
+            weights = None if cfg.decision_weight == 1 else decision_weights(ids, tok, cfg.decision_weight)   # (B, T-1)
+            loss = label_loss(model, ids, att, lab, weights)
             optimizer_step(model, opt, sched, loss)
             ran += 1
             done = step + 1
@@ -308,7 +336,7 @@ def train_mem_base(cfg: MemBaseConfig, work_dir, stop_after: int | None = None, 
             if done % cfg.ckpt_every == 0 or done == cfg.steps or (stop_after and ran >= stop_after):
                 save_checkpoint(work / "ckpt", done, {"model": model.state_dict(), "optimizer": opt.state_dict(),
                                                       "scheduler": sched.state_dict(), "step": done, "log": log,
-                                                      "config": asdict(cfg)})
+                                                      "config": cfg.record()})
             if stop_after and ran >= stop_after:
                 break
     model.eval()
@@ -340,7 +368,7 @@ def build_mem_base(out_dir, work_dir, cfg: MemBaseConfig = MemBaseConfig(), log_
     for p, c in warm_start_pairs(probe_records[:20], p_yes_free=1.0):
         if reloaded(p + c, add_special_tokens=False)["input_ids"] != tok(p + c, add_special_tokens=False)["input_ids"]:
             raise RuntimeError(f"AutoTokenizer.from_pretrained({out}) does not reproduce the built tokenizer on {p + c!r}")
-    info = dict(name=MEM_BASE_NAME, config=asdict(cfg), log=log, **info, sha256=model_dir_sha256(out),
+    info = dict(name=MEM_BASE_NAME, config=cfg.record(), log=log, **info, sha256=model_dir_sha256(out),
                 run_record=run_record(seed=cfg.seed, data_digest=info["corpus"]["digest"]))
     (out / "pixrl_mem_base.json").write_text(json.dumps(info, indent=1, default=str))
     return info
