@@ -11,7 +11,7 @@ STAMP := $(VENV)/.pixrl-setup
 # worker on 2 cores wait on each other (a GRPO step measured 25 s instead of 0.95 s)
 TEST_WORKERS ?= 2
 
-.PHONY: setup vllm-env test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long base-reviser base-editor base-editor-regions base-vl mem-base mem-ablation export clean-nbs
+.PHONY: setup vllm-env test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long base-reviser base-editor base-editor-regions base-vl mem-base mem-base-dw mem-ablation export clean-nbs
 
 setup: $(STAMP)
 
@@ -110,6 +110,11 @@ base-editor-regions: setup
 # $PIXRL_CACHE/mem-base-work). Then record the printed sha256 in data/models/SHA256SUMS.
 mem-base: setup
 	papermill nbs/mem_base.ipynb runs/mem_base_model.ipynb --cwd nbs
+
+# Rebuild pixrl-mem-base-dw: pixrl-mem-base's recipe with the gates' decision tokens weighted 10 x in the loss
+# (~26 min: runs/mem_base_dw_model). Then record the printed sha256 in data/models/SHA256SUMS.
+mem-base-dw: setup
+	papermill nbs/mem_base.ipynb runs/mem_base_dw_model.ipynb -p decision_weight 10 -p out_dir ../data/models/pixrl-mem-base-dw -p runs_dir ../runs/mem_base_dw_model -p ablate_small False --cwd nbs
 
 # The mem credit-assignment ablation on pixrl-mem-base: 5 arms (two_baseline at alpha 0.9 and 1.0, dedup at 0.9, gigpo,
 # gigpo_verl with gamma 0.95) x 3 seeds, each to its validation plateau or 150 steps (~30 min: runs/mem_ablation_v2),

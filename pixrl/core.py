@@ -413,7 +413,7 @@ REGISTRY_KEYS = ("name", "line", "status", "why", "command", "model", "record")
 RECORD_FIELDS = ("commit", "dirty", "seed", "data_digest", "wall_s")
 _HEX = re.compile(r"[0-9a-f]+")
 # the models a registry entry may name; pixrl-mem-* are pixrl.mem.model's (not imported here: core stays light)
-MODEL_NAMES = (TINY_NAME, TINY_VL_NAME, *COMMITTED_MODELS, "pixrl-mem-tiny", "pixrl-mem-base")
+MODEL_NAMES = (TINY_NAME, TINY_VL_NAME, *COMMITTED_MODELS, "pixrl-mem-tiny", "pixrl-mem-base", "pixrl-mem-base-dw")
 _STAGE_MODEL = re.compile(r"(\S+) stage_\d+")
 
 def _one_line(value) -> bool:

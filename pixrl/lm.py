@@ -143,7 +143,8 @@ def resume_training(ckpt_dir, config: dict, model, opt, sched) -> tuple[int, lis
 # %% ../nbs/03_lm.ipynb #6178b25b
 SHA256SUMS = "SHA256SUMS"        # data/models/SHA256SUMS: `<sha256>  <model name>` of every committed model's weights
 REBUILD = {BASE_NAME: "make base", NOISY_NAME: "make base-noisy", LONG_NAME: "make base-long", REVISER_NAME: "make base-reviser", EDITOR_NAME: "make base-editor",
-           VL_BASE_NAME: "make base-vl", "pixrl-mem-base": "make mem-base"}   # the make target that rebuilds each committed model
+           VL_BASE_NAME: "make base-vl", "pixrl-mem-base": "make mem-base",
+           "pixrl-mem-base-dw": "make mem-base-dw"}   # the make target that rebuilds each committed model
 
 def model_dir_sha256(path) -> str:
     "sha256 of a model directory's weights (`model.safetensors`)."

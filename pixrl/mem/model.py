@@ -16,10 +16,11 @@ from .env import turn_prompt, answer_prompt, format_turn, TURN_HEADER, ANSWER_HE
 
 # %% auto #0
 __all__ = ['PROTOCOL_TAGS', 'SPECIAL_TOKENS', 'TINY_TURN_HEADER', 'TINY_ANSWER_HEADER', 'GATE_OPENERS', 'CPU_CORPUS',
-           'VAL_FRACTION', 'MEM_BASE_NAME', 'build_tokenizer', 'generator_words', 'question_subject', 'mentions',
-           'warm_start_pairs', 'MemTinyConfig', 'build_model', 'encode_pairs', 'label_loss', 'decision_weights',
-           'optimizer_step', 'warm_start', 'cpu_corpus', 'mem_tiny_dir', 'build_mem_tiny', 'ensure_mem_tiny',
-           'MemBaseConfig', 'pretrain_corpus', 'base_batch', 'train_mem_base', 'mem_base_dir', 'build_mem_base']
+           'VAL_FRACTION', 'MEM_BASE_NAME', 'MEM_BASE_DW_NAME', 'MEM_BASES', 'build_tokenizer', 'generator_words',
+           'question_subject', 'mentions', 'warm_start_pairs', 'MemTinyConfig', 'build_model', 'encode_pairs',
+           'label_loss', 'decision_weights', 'optimizer_step', 'warm_start', 'cpu_corpus', 'mem_tiny_dir',
+           'build_mem_tiny', 'ensure_mem_tiny', 'MemBaseConfig', 'pretrain_corpus', 'base_batch', 'train_mem_base',
+           'mem_base_dir', 'build_mem_base']
 
 # %% ../../nbs/mem/23_mem_model.ipynb #03d2892b
 PROTOCOL_TAGS = ("<check>", "</check>", "<update>", "</update>", "<next>", "</next>")
@@ -228,6 +229,8 @@ def ensure_mem_tiny(path=None) -> Path:
 
 # %% ../../nbs/mem/23_mem_model.ipynb #0e6dc72c
 MEM_BASE_NAME = "pixrl-mem-base"
+MEM_BASE_DW_NAME = "pixrl-mem-base-dw"     # pixrl-mem-base's recipe with the gates' decision tokens weighted 10 × (decision_weight 10)
+MEM_BASES = {MEM_BASE_NAME: "make mem-base", MEM_BASE_DW_NAME: "make mem-base-dw"}   # committed mem models → the target that rebuilds each
 
 @dataclass
 class MemBaseConfig:
@@ -346,10 +349,12 @@ def train_mem_base(cfg: MemBaseConfig, work_dir, stop_after: int | None = None, 
                 n_pairs=len(pairs))
     return model, tok, log, info
 
-def mem_base_dir() -> Path:
-    "Where the committed pixrl-mem-base lives: <repo>/data/models/pixrl-mem-base."
+def mem_base_dir(name: str = MEM_BASE_NAME) -> Path:
+    "Where the committed mem model `name` (one of `MEM_BASES`) lives: <repo>/data/models/<name>."
     from pixrl.core import repo_root
-    return Path(repo_root()) / "data" / "models" / MEM_BASE_NAME
+    if name not in MEM_BASES:
+        raise ValueError(f"mem base {name!r}: accepted: {', '.join(MEM_BASES)}")
+    return Path(repo_root()) / "data" / "models" / name
 
 def build_mem_base(out_dir, work_dir, cfg: MemBaseConfig = MemBaseConfig(), log_every: int = 100, on_log=None) -> dict:
     """Pretrain (resumably, in `work_dir`) and save pixrl-mem-base to `out_dir` (an ordinary HF directory +

@@ -174,17 +174,18 @@ def rollout(policy, records, num_generations: int, temperature=1.0, top_p=1.0, s
 
 # %% ../../nbs/mem/22a_mem_rollout.ipynb #ae2defc5
 def resolve_model_path(name: str) -> str:
-    """`pixrl-mem-tiny` → the committed/built model dir (`pixrl.mem.model.ensure_mem_tiny`); `pixrl-mem-base` →
-    the committed `data/models/pixrl-mem-base`, refused (ValueError naming both digests) unless its weights match
-    the sha256 recorded in `data/models/SHA256SUMS`; anything else unchanged."""
-    from pixrl.mem.model import ensure_mem_tiny, mem_base_dir, MEM_BASE_NAME
+    """`pixrl-mem-tiny` → the committed/built model dir (`pixrl.mem.model.ensure_mem_tiny`); a committed mem base
+    (`pixrl.mem.model.MEM_BASES`: `pixrl-mem-base`, `pixrl-mem-base-dw`) → its `data/models/<name>`, refused
+    (ValueError naming both digests) unless its weights match the sha256 recorded in `data/models/SHA256SUMS`;
+    anything else unchanged."""
+    from pixrl.mem.model import ensure_mem_tiny, mem_base_dir, MEM_BASES
     if name == "pixrl-mem-tiny":
         return str(ensure_mem_tiny())
-    if name == MEM_BASE_NAME:
+    if name in MEM_BASES:
         from pixrl.lm import check_model_dir
-        if not (mem_base_dir() / "model.safetensors").exists():
-            raise ValueError(f"{MEM_BASE_NAME}: no model at {mem_base_dir()}; build it with `make mem-base`")
-        return check_model_dir(mem_base_dir(), MEM_BASE_NAME)
+        if not (mem_base_dir(name) / "model.safetensors").exists():
+            raise ValueError(f"{name}: no model at {mem_base_dir(name)}; build it with `{MEM_BASES[name]}`")
+        return check_model_dir(mem_base_dir(name), name)
     return name
 
 def load_lora_policy(cfg: MemTrainConfig):
