@@ -164,7 +164,8 @@ def test_mem_field_refused(name, bad, shown):
     assert name in msg and shown in msg and "accepted" in msg, msg
 
 
-PLATEAU_BAD = {"window": [0, 2.5], "min_delta": [-0.01, NAN], "patience": [0, -1, 1.5, True], "min_steps": [-1, "0"]}
+PLATEAU_BAD = {"window": [0, 2.5], "min_delta": [-0.01, NAN], "patience": [0, -1, 1.5, True], "min_steps": [-1, "0"],
+               "metric": ["val/loss", 2]}
 
 
 def test_every_plateau_field_has_bad_values():

@@ -38,7 +38,8 @@ def test_make_mem_ablation_skips_every_committed_arm_seed():
                           num_generations=p["num_generations"], val_every=p["val_every"],
                           val_questions=p["val_questions"]).validate()              # the notebook's base_cfg
     plateau = PlateauRule(window=p["plateau_window"], min_delta=p["plateau_min_delta"],
-                          patience=p["plateau_patience"], min_steps=p["min_steps"]).validate()
+                          patience=p["plateau_patience"], min_steps=p["min_steps"],
+                          metric=p["plateau_metric"]).validate()
     out = ROOT / "runs" / p["out"]
     arms, seeds = parse_arms(p["arms"]), parse_seeds(p["seeds"])
     for arm in arms:

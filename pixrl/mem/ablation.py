@@ -112,7 +112,7 @@ def arm_seed_record(arm: Arm, seed: int, cfg: MemTrainConfig, hist: pd.DataFrame
                 steps_planned=cfg.steps, steps_done=int(hist["step"].max()), stop_reason=stop_reason,
                 train_wall_s=round(train_wall, 1), final_val=final,
                 last10_train={k: float(last[c].mean()) for k, c in LAST10_TRAIN},
-                config=dataclasses.asdict(cfg), plateau=None if plateau is None else dataclasses.asdict(plateau))
+                config=dataclasses.asdict(cfg), plateau=None if plateau is None else plateau.record())
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #4e89b5a3
 def run_arm_seed(arm: Arm, seed: int, base: MemTrainConfig, train, val, out_dir, final_rollouts: int = 4,
@@ -160,7 +160,7 @@ def _done_record(out_dir, arm: Arm, seed: int, base: MemTrainConfig, plateau: Pl
     if rec.get("config") != want:
         raise ValueError(f"{f} was written for another configuration ({rec.get('config')}); this ablation's is "
                          f"{want}: use another out_dir")
-    rule = None if plateau is None else dataclasses.asdict(plateau)
+    rule = None if plateau is None else plateau.record()
     if rec.get("plateau") != rule:
         raise ValueError(f"{f} was written under another stopping rule ({rec.get('plateau')}); this ablation's is "
                          f"{rule}: use another out_dir")

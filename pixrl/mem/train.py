@@ -24,13 +24,13 @@ _all_ = ["Gen", "left_pad", "cut_at_stop", "HFPolicy", "VLLMPolicy", "make_polic
          "resolve_model_path", "load_lora_policy"]   # pixrl.mem.rollout's names, in this module's __all__ as before the split
 
 # %% auto #0
-__all__ = ['RENAMED', 'ADDED', 'BACKENDS', 'GPU_DEFAULTS', 'VAL_KEYS', 'refuse_renamed', 'upgrade_saved_config', 'MemTrainConfig',
-           'cpu_corpus', 'Row', 'group_rows', 'batch_rows', 'pack_rows', 'completion_logprobs', 'clipped_token_loss',
-           'k3_kl', 'trajectory_metrics', 'val_metrics', 'heldout_metrics', 'gate_probe', 'sum_over_ranks',
-           'sum_grads_over_ranks', 'gather_over_ranks', 'row_logprobs', 'micro_batch_backward', 'ppo_update',
-           'rank_tracker', 'make_optimizer', 'format_metrics', 'PlateauRule', 'MemTrainerBase', 'MemGRPOTrainer', 'Gen',
-           'left_pad', 'cut_at_stop', 'HFPolicy', 'VLLMPolicy', 'make_policy', 'Trajectory', 'rollout',
-           'resolve_model_path', 'load_lora_policy']
+__all__ = ['RENAMED', 'ADDED', 'BACKENDS', 'GPU_DEFAULTS', 'VAL_KEYS', 'PLATEAU_METRICS', 'refuse_renamed',
+           'upgrade_saved_config', 'MemTrainConfig', 'cpu_corpus', 'Row', 'group_rows', 'batch_rows', 'pack_rows',
+           'completion_logprobs', 'clipped_token_loss', 'k3_kl', 'trajectory_metrics', 'val_metrics', 'heldout_metrics',
+           'gate_probe', 'sum_over_ranks', 'sum_grads_over_ranks', 'gather_over_ranks', 'row_logprobs',
+           'micro_batch_backward', 'ppo_update', 'rank_tracker', 'make_optimizer', 'format_metrics', 'PlateauRule',
+           'MemTrainerBase', 'MemGRPOTrainer', 'Gen', 'left_pad', 'cut_at_stop', 'HFPolicy', 'VLLMPolicy',
+           'make_policy', 'Trajectory', 'rollout', 'resolve_model_path', 'load_lora_policy']
 
 # %% ../../nbs/mem/22_mem_train.ipynb #d705056f
 RENAMED = {"questions_per_step": "groups_per_step", "group_size": "num_generations", "ppo_epochs": "num_iterations",
@@ -234,8 +234,13 @@ VAL_KEYS = {"val/reward": "reward/traj", "val/outcome": "reward/outcome", "val/g
             "val/format": "format/correct"}   # validation metric -> the trajectory metric it is
 
 def val_metrics(m: dict) -> dict:
-    "The `val/...` metrics of `trajectory_metrics` output `m` (`VAL_KEYS`)."
-    return {k: m[v] for k, v in VAL_KEYS.items()}
+    """The `val/...` metrics of `trajectory_metrics` output `m` (`VAL_KEYS`), and two sums of them: `val/gate_acc_balanced`
+    (the update gate's accuracy, the mean over evidence-free and evidence chunks) and `val/reward_gates` (`val/reward`,
+    the trajectory's outcome + exit reward, plus that balanced accuracy: everything the agent is for, in one number)."""
+    v = {k: m[c] for k, c in VAL_KEYS.items()}
+    v["val/gate_acc_balanced"] = float(np.nanmean([v["val/gate_acc_free"], v["val/gate_acc_evidence"]]))
+    v["val/reward_gates"] = v["val/reward"] + v["val/gate_acc_balanced"]
+    return v
 
 # %% ../../nbs/mem/22_mem_train.ipynb #c7eeb0fd
 @torch.no_grad()
@@ -399,6 +404,8 @@ def format_metrics(m: dict, keys=("gate/acc_evidence", "gate/acc_free", "exit/ex
     return f"step {m['step']:4d} " + " ".join(f"{k.split('/')[-1]}={m[k]:.3f}" for k in keys if k in m)
 
 
+PLATEAU_METRICS = ("val/reward", "val/reward_gates", "val/outcome", "val/gate_acc_balanced")   # what a PlateauRule may watch
+
 @dataclass
 class PlateauRule:
     """Stop on the validation reward's plateau: after each validation, the moving mean of the last `window` values is
@@ -408,11 +415,19 @@ class PlateauRule:
     min_delta: float = setting(0.02, ge=0)   # what counts as an improvement of the moving mean (reward units)
     patience: int = setting(3, ge=1)         # validations in a row without improvement before stopping
     min_steps: int = setting(0, ge=0)        # no stop before this many steps
+    metric: str = setting("val/reward", choices=PLATEAU_METRICS)   # the validation number that plateaus
 
     def validate(self) -> "PlateauRule":
         "Raise ValueError naming the bad field, its value and what it accepts."
         check_fields(self)
         return self
+
+    def record(self) -> dict:
+        "The rule as recorded with a run: `asdict`, less `metric` at `val/reward` (the rules recorded before it existed)."
+        d = asdict(self)
+        if d["metric"] == "val/reward":
+            del d["metric"]
+        return d
 
     def since_best(self, values: Sequence[float]) -> int:
         "Validations since the moving mean last improved (0: the last one did); the moving mean needs `window` values."
@@ -426,8 +441,8 @@ class PlateauRule:
         return since
 
     def reached(self, history: Sequence[dict], step: int) -> bool:
-        "True when the `val/reward`s in `history` have plateaued (`since_best` ≥ patience) and `step` ≥ min_steps."
-        values = [h["val/reward"] for h in history if "val/reward" in h]
+        "True when the `metric` values in `history` have plateaued (`since_best` ≥ patience) and `step` ≥ min_steps."
+        values = [h[self.metric] for h in history if self.metric in h]
         return step >= self.min_steps and len(values) >= self.window and self.since_best(values) >= self.patience
 
 # %% ../../nbs/mem/22_mem_train.ipynb #1277cf1e
