@@ -12,7 +12,7 @@ import pandas as pd
 from ..advantage import ADVANTAGES, check_alpha, check_gamma
 from ..core import write_text_atomic, read_json, run_record
 from ..stats import seed_ci
-from .train import MemTrainConfig, MemGRPOTrainer, PlateauRule, batch_rows, heldout_metrics, upgrade_saved_config
+from .train import balanced_gate_acc, MemTrainConfig, MemGRPOTrainer, PlateauRule, batch_rows, heldout_metrics, upgrade_saved_config
 from .env import EMPTY_MEMORY, parse_turn, format_turn
 from .model import question_subject, mentions
 from .rollout import Gen
@@ -334,7 +334,7 @@ def summarize(arms, seeds, results: dict, warm: dict, record: dict) -> dict:
         fv = lambda k: [r["final_val"][k] for r in recs]
         out_arms[arm.name] = dict(advantage=arm.advantage, alpha=arm.alpha, seeds=list(seeds),
                                   update_acc_free=fv("update_acc_free"), update_acc_evidence=fv("update_acc_evidence"),
-                                  update_acc_balanced=[(f + e) / 2 for f, e in zip(fv("update_acc_free"), fv("update_acc_evidence"))],
+                                  update_acc_balanced=[balanced_gate_acc(f, e) for f, e in zip(fv("update_acc_free"), fv("update_acc_evidence"))],
                                   outcome_val=fv("outcome"), exact_exit=fv("exact_exit"), format=fv("format"),
                                   steps_done=[r["steps_done"] for r in recs], stop_reason=[r["stop_reason"] for r in recs])
     warm_start = dict(outcome_val=warm["outcome"], format=warm["format"], update_acc_free=warm["update_acc_free"],

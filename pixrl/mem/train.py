@@ -26,11 +26,11 @@ _all_ = ["Gen", "left_pad", "cut_at_stop", "HFPolicy", "VLLMPolicy", "make_polic
 # %% auto #0
 __all__ = ['RENAMED', 'ADDED', 'BACKENDS', 'GPU_DEFAULTS', 'VAL_KEYS', 'PLATEAU_METRICS', 'refuse_renamed',
            'upgrade_saved_config', 'MemTrainConfig', 'cpu_corpus', 'Row', 'group_rows', 'batch_rows', 'pack_rows',
-           'completion_logprobs', 'clipped_token_loss', 'k3_kl', 'trajectory_metrics', 'val_metrics', 'heldout_metrics',
-           'gate_probe', 'sum_over_ranks', 'sum_grads_over_ranks', 'gather_over_ranks', 'row_logprobs',
-           'micro_batch_backward', 'ppo_update', 'rank_tracker', 'make_optimizer', 'format_metrics', 'PlateauRule',
-           'MemTrainerBase', 'MemGRPOTrainer', 'Gen', 'left_pad', 'cut_at_stop', 'HFPolicy', 'VLLMPolicy',
-           'make_policy', 'Trajectory', 'rollout', 'resolve_model_path', 'load_lora_policy']
+           'completion_logprobs', 'clipped_token_loss', 'k3_kl', 'trajectory_metrics', 'balanced_gate_acc',
+           'val_metrics', 'heldout_metrics', 'gate_probe', 'sum_over_ranks', 'sum_grads_over_ranks',
+           'gather_over_ranks', 'row_logprobs', 'micro_batch_backward', 'ppo_update', 'rank_tracker', 'make_optimizer',
+           'format_metrics', 'PlateauRule', 'MemTrainerBase', 'MemGRPOTrainer', 'Gen', 'left_pad', 'cut_at_stop',
+           'HFPolicy', 'VLLMPolicy', 'make_policy', 'Trajectory', 'rollout', 'resolve_model_path', 'load_lora_policy']
 
 # %% ../../nbs/mem/22_mem_train.ipynb #d705056f
 RENAMED = {"questions_per_step": "groups_per_step", "group_size": "num_generations", "ppo_epochs": "num_iterations",
@@ -233,12 +233,16 @@ VAL_KEYS = {"val/reward": "reward/traj", "val/outcome": "reward/outcome", "val/g
             "val/gate_acc_evidence": "gate/acc_evidence", "val/exact_exit": "exit/exact_ratio",
             "val/format": "format/correct"}   # validation metric -> the trajectory metric it is
 
+def balanced_gate_acc(free: float, evidence: float) -> float:
+    "The update gate's balanced accuracy: the mean of its accuracy on evidence-free and on evidence chunks (one of them NaN: the other)."
+    return float(np.nanmean([free, evidence]))
+
 def val_metrics(m: dict) -> dict:
     """The `val/...` metrics of `trajectory_metrics` output `m` (`VAL_KEYS`), and two sums of them: `val/gate_acc_balanced`
     (the update gate's accuracy, the mean over evidence-free and evidence chunks) and `val/reward_gates` (`val/reward`,
     the trajectory's outcome + exit reward, plus that balanced accuracy: everything the agent is for, in one number)."""
     v = {k: m[c] for k, c in VAL_KEYS.items()}
-    v["val/gate_acc_balanced"] = float(np.nanmean([v["val/gate_acc_free"], v["val/gate_acc_evidence"]]))
+    v["val/gate_acc_balanced"] = balanced_gate_acc(v["val/gate_acc_free"], v["val/gate_acc_evidence"])
     v["val/reward_gates"] = v["val/reward"] + v["val/gate_acc_balanced"]
     return v
 
