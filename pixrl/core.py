@@ -13,7 +13,7 @@ from typing import Callable
 
 # %% auto #0
 __all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'NOISY_NAME', 'LONG_NAME', 'REVISER_NAME', 'EDITOR_NAME',
-           'EDITOR_REGIONS_NAME', 'VL_BASE_NAME', 'COMMITTED_MODELS', 'PIXRL_META', 'EVIDENCE_DIRS', 'DIRTY_SHOWN',
+           'LINE_EDITOR_NAME', 'VL_BASE_NAME', 'COMMITTED_MODELS', 'PIXRL_META', 'EVIDENCE_DIRS', 'DIRTY_SHOWN',
            'RUN_LINES', 'RUN_STATUSES', 'REGISTRY_KEYS', 'RECORD_FIELDS', 'MODEL_NAMES', 'repo_root', 'cache_dir',
            'dirty_files', 'git_state', 'package_versions', 'DirtyTree', 'recorded_run', 'require_clean', 'run_record',
            'Timer', 'set_seed', 'CorruptRecord', 'write_text_atomic', 'read_json', 'rank', 'world_size', 'is_main_rank',
@@ -33,7 +33,8 @@ NOISY_NAME = "pixrl-base-noisy"  # pixrl-base continued on a noisy demonstrator 
 LONG_NAME = "pixrl-base-long"  # the same continuation on scenes of every length, an 800-token budget: the campaigns' default
 REVISER_NAME = "pixrl-base-reviser"  # pixrl-base-long continued with half its scenes shown as revisions: a base that can use the agent loop
 EDITOR_NAME = "pixrl-base-editor"  # pixrl-base continued with half its scenes shown as revisions that move one edge by half a cell
-EDITOR_REGIONS_NAME = "pixrl-base-editor-regions"  # the same, its revisions answering the loop's region feedback (LoopConfig.feedback)
+LINE_EDITOR_NAME = "pixrl-base-line-editor"  # pixrl-base continued with half its scenes shown as revisions answered by one edited line
+                                             # (LoopConfig.revision "edit"), following the loop's region feedback
 VL_BASE_NAME = "pixrl-base-vl"   # a LLaVA VLM on pixrl-base's language model, pretrained through the image only (pixrl.pix.base_vl)
 COMMITTED_MODELS = (BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME, VL_BASE_NAME)   # built by `make base` / `make base-vl`, committed under data/models/ with a sha256 record
 PIXRL_META = "pixrl.json"        # beside a model's weights: the PromptSpec it was trained with, its budget, its build

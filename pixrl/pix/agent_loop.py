@@ -7,15 +7,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import PIXRL_META, Timer, repo_root, run_record
-from .harvest import attempt_iou, sample_and_verify, task_prompts
+from .harvest import attempt_iou, sample_and_verify, sample_completions, task_prompts, verify
+from .reward import extract_program
 from .tasks import Task, release_digest
 
 # %% auto #0
-__all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'FEEDBACK_KINDS', 'LOOP_KIND',
-           'PLAIN_SEED_OFFSET', 'REGION_NAMES', 'REGION_MIN_SHARE', 'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers',
-           'material_direction', 'closeness', 'feedback', 'revision_prompt', 'round_feedback', 'revision_prompts',
-           'LoopConfig', 'run_agent_loop', 'loop_summary', 'loop_budget', 'best_of_plain', 'loop_vs_plain',
-           'record_best', 'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence', 'scripted_loop',
+__all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'FEEDBACK_KINDS', 'REVISION_KINDS',
+           'REVISION_ASKS', 'EDIT_REJECTED', 'LOOP_KIND', 'PLAIN_SEED_OFFSET', 'REGION_NAMES', 'REGION_MIN_SHARE',
+           'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers', 'material_direction', 'closeness', 'feedback',
+           'revision_prompt', 'apply_edit', 'verify_edits', 'round_feedback', 'revision_prompts', 'LoopConfig',
+           'run_agent_loop', 'loop_summary', 'loop_budget', 'best_of_plain', 'loop_vs_plain', 'record_best',
+           'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence', 'scripted_loop',
            'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta',
            'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
@@ -88,10 +90,17 @@ def feedback(attempt: dict) -> str:
     return redact_numbers(f"{closeness(attempt['iou'] or 0.0)} {DIRECTION_FEEDBACK[material_direction(attempt['extra_um'], attempt['missing_um'])]}")
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #96dbf73b
-def revision_prompt(task_prompt: str, champion_code: str, feedback_text: str) -> str:
-    """Task prompt + previous program + feedback; the task prompt's last line (answer cue) closes it.
-    Refused (ValueError naming the value): an empty previous program, feedback that holds a digit (the feedback is
-    number-free by contract: a score or a coordinate must never reach the policy)."""
+REVISION_KINDS = ("program", "edit")   # what a revision answers (LoopConfig.revision): a whole program, or one edited line
+REVISION_ASKS = {"program": "Write an improved program.",          # the revision prompt's request, per kind
+                 "edit": "Write one corrected line of it."}
+
+def revision_prompt(task_prompt: str, champion_code: str, feedback_text: str, revision: str = "program") -> str:
+    """Task prompt + previous program + feedback + the request of `revision` (`REVISION_ASKS`); the task prompt's
+    last line (answer cue) closes it. Refused (ValueError naming the value): an empty previous program, feedback that
+    holds a digit (the feedback is number-free by contract: a score or a coordinate must never reach the policy), a
+    revision kind not in `REVISION_KINDS`."""
+    if revision not in REVISION_KINDS:
+        raise ValueError(f"revision={revision!r}; accepted: {REVISION_KINDS}")
     if not champion_code.strip():
         raise ValueError(f"champion_code={champion_code!r}: a revision needs a previous program; accepted: non-empty code")
     digits = [ch for ch in feedback_text if ch.isdigit() or ch.isnumeric()]
@@ -102,9 +111,59 @@ def revision_prompt(task_prompt: str, champion_code: str, feedback_text: str) ->
     if not sep:
         head, cue = task_prompt.rstrip("\n"), ""
     block = (f"{head}\nPrevious attempt:\n```python\n{champion_code.strip()}\n```\n"
-             f"Feedback: {feedback_text}\nWrite an improved program.\n")
+             f"Feedback: {feedback_text}\n{REVISION_ASKS[revision]}\n")
     tail = task_prompt[len(task_prompt.rstrip("\n")):]  # keep the prompt's own trailing newline(s)
     return block + cue + tail if cue else block
+
+# %% ../../nbs/pix/11_agent_loop.ipynb #0d578e2f
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+EDIT_REJECTED = "the edit is not one line of the same form as a line of the previous program"   # a rejected edit's reason
+
+def _line_form(line: str) -> tuple[str, list[float]]:
+    "A line's form (its text with every number as `<n>`, stripped) and its numbers."
+    line = line.strip()
+    return _NUMBER.sub("<n>", line), [float(x) for x in _NUMBER.findall(line)]
+
+def apply_edit(program: str, edit: str) -> str | None:
+    """`program` with the line that `edit` edits replaced by `edit`: among `program`'s lines of `edit`'s form
+    (`_line_form`), the one whose numbers differ from `edit`'s in the fewest places, then by the least total
+    |difference|, then the first. None when `edit` is not exactly one non-blank line holding a number, or `program`
+    has no line of its form."""
+    lines = [l for l in edit.strip("\n").splitlines() if l.strip()]
+    if len(lines) != 1:
+        return None
+    form, nums = _line_form(lines[0])
+    if not nums:
+        return None
+    rows = program.splitlines()
+    cands = []
+    for i, row in enumerate(rows):
+        f, xs = _line_form(row)
+        if f == form:
+            cands.append((sum(a != b for a, b in zip(xs, nums)), sum(abs(a - b) for a, b in zip(xs, nums)), i))
+    if not cands:
+        return None
+    _, _, i = min(cands)
+    indent = rows[i][:len(rows[i]) - len(rows[i].lstrip())]
+    rows[i] = indent + lines[0].strip()
+    return "\n".join(rows) + "\n"
+
+def verify_edits(tasks: list[Task], programs: list[str], edits: list[list[str]], representation: str = "py") -> list[list[dict]]:
+    """`verify` of each edit of `edits[i]` applied to `programs[i]` (`apply_edit`) against `tasks[i]`; every attempt
+    also holds its `edit`. A rejected edit is scored as a program the evaluator refused (status `SOURCE_REJECTED`,
+    reason `EDIT_REJECTED`, `code` '')."""
+    from pixrl.pix.evaluator import EvalResult, SOURCE_REJECTED
+    from pixrl.pix.harvest import score_result
+    if not len(tasks) == len(programs) == len(edits):
+        raise ValueError(f"verify_edits: {len(tasks)} tasks, {len(programs)} programs, {len(edits)} lists of edits")
+    applied = [[apply_edit(p, e) for e in es] for p, es in zip(programs, edits)]
+    out = verify(tasks, [[a or "" for a in row] for row in applied], representation=representation)
+    for t, row, es, attempts in zip(tasks, applied, edits, out):
+        for k, (a, e) in enumerate(zip(row, es)):
+            attempts[k] = ({**attempts[k], "edit": e} if a is not None else
+                           {**score_result(t, "", EvalResult(SOURCE_REJECTED, reason=EDIT_REJECTED)), "edit": e})
+    return out
+
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #ee0384b5
 def round_feedback(tasks: list[Task], rows: list[dict], kind: str = "global") -> list[str]:
@@ -123,10 +182,12 @@ def round_feedback(tasks: list[Task], rows: list[dict], kind: str = "global") ->
         out[i] = region_sentence(rows[i]["champion"]["iou"] or 0.0, region_directions(r.mask, tasks[i].target_mask))
     return out
 
-def revision_prompts(policy, tasks: list[Task], attempts: dict, budget: int | None = None, feedback_kind: str = "global") -> dict:
+def revision_prompts(policy, tasks: list[Task], attempts: dict, budget: int | None = None, feedback_kind: str = "global",
+                     revision: str = "program") -> dict:
     """{task id: the string fed to `policy` to revise `attempts[task id]`}: the loop's `revision_prompt` over the task
     prompt, the attempt's program and the feedback the loop gives it (`round_feedback` of `feedback_kind`, the loop's
-    `LoopConfig.feedback`), fed as every prompt of the policy (`policy.feed`).
+    `LoopConfig.feedback`) and the request of `revision` (`REVISION_KINDS`, the loop's `LoopConfig.revision`), fed as
+    every prompt of the policy (`policy.feed`).
     `attempts`: {task id: one verified attempt (`pixrl.pix.harvest.verify`)} for every task of `tasks`. Refused
     (ValueError naming the value): an attempt for a task not in `tasks` (no prompt for it), a task without an attempt,
     an attempt without a program, a prompt longer than `budget` tokens (None: `token_budget(policy, None)`)."""
@@ -148,7 +209,7 @@ def revision_prompts(policy, tasks: list[Task], attempts: dict, budget: int | No
     out = {}
     for t, fb in zip(tasks, fbs):
         code = attempts[t.id]["code"].strip()
-        text = policy.feed(revision_prompt(prompt_text(t, policy.prompt_spec), code, fb))
+        text = policy.feed(revision_prompt(prompt_text(t, policy.prompt_spec), code, fb, revision))
         n = len(policy.tokenizer(text, add_special_tokens=False)["input_ids"])
         if n > budget:
             raise ValueError(f"task {t.id}: its revision prompt has {n} tokens; accepted: at most {budget} "
@@ -169,6 +230,8 @@ class LoopConfig:
     representation: str = "py"      # program representation the evaluator runs
     feedback: str = "global"        # FEEDBACK_KINDS: "global" (closeness + one material direction, `feedback`) or "regions"
                                     # (closeness + where material is extra or missing, 3 × 3 regions: `region_feedback`)
+    revision: str = "program"       # REVISION_KINDS: a revision writes a whole program, or ("edit") one corrected line of the
+                                    # champion's program that the loop puts in (`apply_edit`)
 
     def __post_init__(self):
         for name in ("n_init", "n_revisions"):
@@ -181,6 +244,8 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.temperature must be >= 0, got {self.temperature!r}")
         if self.feedback not in FEEDBACK_KINDS:
             raise ValueError(f"LoopConfig.feedback {self.feedback!r}; accepted: {FEEDBACK_KINDS}")
+        if self.revision not in REVISION_KINDS:
+            raise ValueError(f"LoopConfig.revision {self.revision!r}; accepted: {REVISION_KINDS}")
 
 
 LOOP_KIND = "pixrl.agent_loop"
@@ -219,6 +284,24 @@ def _code(row: dict) -> str:
     "The champion's program, stripped ('' when it has none)."
     return (row["champion"].get("code") or "").strip()
 
+def _revise(policy, tasks: list[Task], rprompts: list[str], champions: list[str], config: LoopConfig, r: int, gen: dict):
+    """Round `r`'s verified revisions: programs (`sample_and_verify`), or with `config.revision` "edit" each answer put
+    into its champion's program (`verify_edits`); a task without a champion program samples a fresh program."""
+    if config.revision == "program":
+        return sample_and_verify(policy, tasks, rprompts, config.n_revisions, seed=config.seed + r, **gen)
+    texts = sample_completions(policy, tasks, rprompts, config.n_revisions, seed=config.seed + r,
+                               temperature=gen["temperature"], max_new_tokens=gen["max_new_tokens"])
+    answers = [[extract_program(c) for c in cs] for cs in texts]
+    edit = [i for i, c in enumerate(champions) if c]
+    fresh = [i for i, c in enumerate(champions) if not c]
+    out = [None] * len(tasks)
+    for i, v in zip(edit, verify_edits([tasks[i] for i in edit], [champions[i] for i in edit], [answers[i] for i in edit],
+                                       gen["representation"]) if edit else []):
+        out[i] = v
+    for i, v in zip(fresh, verify([tasks[i] for i in fresh], [answers[i] for i in fresh], gen["representation"]) if fresh else []):
+        out[i] = v
+    return out
+
 def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(), spec=None,
                    model: str | None = None) -> dict:
     """Run the attempt → champion → feedback → revise protocol on `tasks`; returns the JSON record.
@@ -240,9 +323,9 @@ def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(),
         rows = [_init_row(t, attempts) for t, attempts in zip(tasks, init)]
         for r in range(1, config.n_rounds + 1):
             fbs = round_feedback(tasks, rows, config.feedback)
-            rprompts = [revision_prompt(p, _code(row), fb) if _code(row) else p   # no program to revise: a fresh attempt
+            rprompts = [revision_prompt(p, _code(row), fb, config.revision) if _code(row) else p   # no program: a fresh attempt
                         for p, row, fb in zip(prompts, rows, fbs)]
-            revs = sample_and_verify(policy, tasks, rprompts, config.n_revisions, seed=config.seed + r, **gen)
+            revs = _revise(policy, tasks, rprompts, [_code(row) for row in rows], config, r, gen)
             for row, fb, attempts in zip(rows, fbs, revs):
                 _add_revision(row, r, fb, attempts, fresh=not _code(row))
     for row in rows:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import Qwen2ForCausalLM
-from ..core import set_seed, Timer, BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME, EDITOR_REGIONS_NAME
+from ..core import set_seed, Timer, BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME, LINE_EDITOR_NAME
 from .geometry import render
 from .prompt import PromptSpec, build_prompt, format_answer, ink_bands, _fmt
 from ..lm import tiny_config, encode_example, collate, model_dir_sha256
@@ -16,7 +16,7 @@ from .tiny import SceneTask, MODEL_IMAGE_SHAPE, char_tokenizer, save_tiny
 
 # %% auto #0
 __all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'EDIT_STEPS', 'EDIT_FOLLOWS',
-           'BASE_BUILDS', 'cell_primitive', 'cell_scene', 'cell_stream', 'band_program', 'band_source',
+           'EDIT_TRIES', 'BASE_BUILDS', 'cell_primitive', 'cell_scene', 'cell_stream', 'band_program', 'band_source',
            'target_program', 'jitter_bands', 'repair_bands', 'revision_example', 'band_edges', 'edit_bands',
            'edit_example', 'band_calls', 'copy_errors', 'warmup_cosine', 'BaseConfig', 'group_examples',
            'demonstrator_rng', 'step_examples', 'initial_model', 'pretrain_loop', 'train_base', 'build_base',
@@ -270,18 +270,29 @@ def edit_bands(bands: list, step: float, direction: str, rng: np.random.Generato
     return pool[rng.integers(len(pool))] if pool else list(bands)
 
 
+EDIT_TRIES = 20   # draws of the demonstrator's edit until `apply_edit` puts its line back where it was made
+
+def _edited_line(before: str, after: str) -> str | None:
+    "The one line where two band programs of as many lines differ; the last line when none does; None when several do."
+    diff = [b for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
+    return diff[0] if len(diff) == 1 else before.splitlines()[-1] if not diff else None
+
 def edit_example(scene, rng: np.random.Generator, step: float, prior: int, n: int = BASE_CELLS,
-                 feedback: str = "global") -> tuple[str, str]:
+                 feedback: str = "global", revision: str = "program") -> tuple[str, str]:
     """(prompt, answer) of `scene` shown as a revision by the editing demonstrator: the previous attempt is the exact
     copy after 0…`prior` undirected edits (`edit_bands`, direction BOTH), the prompt `revision_prompt`'s with the loop's
-    feedback on it (`feedback`: "global", the loop's default, or "regions", `LoopConfig.feedback`), the answer that
-    attempt with one more edit that answers the feedback: its direction, or one of the regions it names."""
-    from pixrl.pix.agent_loop import (FEEDBACK_KINDS, _scripted_edit, material_direction, region_directions,
-                                      region_sentence, revision_prompt)
+    feedback on it (`feedback`: "global", the loop's default, or "regions", `LoopConfig.feedback`) and the request of
+    `revision` (`LoopConfig.revision`), the answer that attempt with one more edit that answers the feedback: its
+    direction, or one of the regions it names — the whole program, or with `revision` "edit" the one edited line
+    (an edit `apply_edit` would put on another line is drawn again, up to `EDIT_TRIES` times)."""
+    from pixrl.pix.agent_loop import (FEEDBACK_KINDS, REVISION_KINDS, _scripted_edit, apply_edit, material_direction,
+                                      region_directions, region_sentence, revision_prompt)
     if not isinstance(prior, int) or prior < 0:
         raise ValueError(f"edit_example: prior={prior!r}; accepted: an int >= 0")
     if feedback not in FEEDBACK_KINDS:
         raise ValueError(f"edit_example: feedback={feedback!r}; accepted: {FEEDBACK_KINDS}")
+    if revision not in REVISION_KINDS:
+        raise ValueError(f"edit_example: revision={revision!r}; accepted: {REVISION_KINDS}")
     prev = ink_bands(scene.model_image, n)
     for _ in range(int(rng.integers(prior + 1))):
         prev = edit_bands(prev, step, "BOTH", rng, n)
@@ -289,11 +300,21 @@ def edit_example(scene, rng: np.random.Generator, step: float, prior: int, n: in
     if feedback == "regions":
         regions = region_directions(drawn, scene.model_image)
         fb = region_sentence(m["iou"], regions)
-        answer = _scripted_edit(prev, step, "regions", None, regions, rng, n)
+        draw = lambda: _scripted_edit(prev, step, "regions", None, regions, rng, n)
     else:
-        answer = edit_bands(prev, step, material_direction(m["extra_um"], m["missing_um"]), rng, n)
-    prompt = revision_prompt(build_prompt(scene, BASE_PROMPT_SPEC), src, fb)
-    return prompt, format_answer(band_source(scene.footprint_um, answer, n))
+        direction = material_direction(m["extra_um"], m["missing_um"])
+        draw = lambda: edit_bands(prev, step, direction, rng, n)
+    answer = band_source(scene.footprint_um, draw(), n)
+    prompt = revision_prompt(build_prompt(scene, BASE_PROMPT_SPEC), src, fb, revision)
+    if revision == "program":
+        return prompt, format_answer(answer)
+    for _ in range(EDIT_TRIES):
+        line = _edited_line(src, answer)
+        if line is not None and apply_edit(src, line) == answer:
+            return prompt, format_answer(line)
+        answer = band_source(scene.footprint_um, draw(), n)
+    raise RuntimeError(f"edit_example: scene {scene.id!r}: no edit of {EDIT_TRIES} draws goes back to its own line")
+
 
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2f9
 def band_calls(program: str) -> list[tuple[int, ...]]:
@@ -363,6 +384,8 @@ class BaseConfig:
     prior_edits: int = 2         # editing demonstrator: undirected edits made to the copy before it is shown as the attempt
     feedback: str = "global"     # editing demonstrator: the loop feedback its revisions answer, "global" or "regions"
                                  # (`pixrl.pix.agent_loop.LoopConfig.feedback`)
+    revision: str = "program"    # editing demonstrator: its revisions answer the whole program, or ("edit") the one edited
+                                 # line (`pixrl.pix.agent_loop.LoopConfig.revision`, `apply_edit`)
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -378,6 +401,11 @@ class BaseConfig:
             raise ValueError(f"BaseConfig.edit_step {self.edit_step!r}; accepted: 0 or one of {EDIT_STEPS} (cells)")
         if self.feedback not in ("global", "regions"):
             raise ValueError(f"BaseConfig.feedback {self.feedback!r}; accepted: 'global' or 'regions'")
+        if self.revision not in ("program", "edit"):
+            raise ValueError(f"BaseConfig.revision {self.revision!r}; accepted: 'program' or 'edit'")
+        if self.revision == "edit" and not self.edit_step:
+            raise ValueError(f"BaseConfig.revision 'edit' with edit_step {self.edit_step!r}: an edited line comes from the "
+                             f"editing demonstrator; accepted: edit_step in {EDIT_STEPS}")
         if not isinstance(self.prior_edits, int) or self.prior_edits < 0:
             raise ValueError(f"BaseConfig.prior_edits {self.prior_edits!r}; accepted: an int >= 0")
         if self.revise and not self.jitter and not self.edit_step:
@@ -414,7 +442,8 @@ def group_examples(cfg: BaseConfig, g: int, tokenizer) -> list[tuple[list[int], 
         sc = next(stream)
         rng = demonstrator_rng(cfg.seed, k)
         if cfg.revise and rng.random() < cfg.revise:               # no draw when revise is 0: the older bases rebuild exactly
-            prompt, answer = (edit_example(sc, rng, cfg.edit_step, cfg.prior_edits, cfg.cells, cfg.feedback) if cfg.edit_step
+            prompt, answer = (edit_example(sc, rng, cfg.edit_step, cfg.prior_edits, cfg.cells, cfg.feedback, cfg.revision)
+                              if cfg.edit_step
                               else revision_example(sc, rng, cfg.jitter, cfg.repair, cfg.cells))
         else:
             prompt = build_prompt(sc, BASE_PROMPT_SPEC)
@@ -536,9 +565,9 @@ BASE_BUILDS = {   # the committed bases: name → how `make base` builds it (nbs
                              max_chars=3000, max_new_tokens=800, revise=0.5, repair=0.5),
     EDITOR_NAME: BaseConfig(init=BASE_NAME, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=3,
                             max_chars=3000, max_new_tokens=800, revise=0.5, edit_step=0.5, prior_edits=2),
-    EDITOR_REGIONS_NAME: BaseConfig(init=BASE_NAME, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=3,
-                                    max_chars=3000, max_new_tokens=800, revise=0.5, edit_step=0.5, prior_edits=2,
-                                    feedback="regions"),
+    LINE_EDITOR_NAME: BaseConfig(init=BASE_NAME, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=4,
+                                 max_chars=3000, revise=0.5, edit_step=0.5, prior_edits=2, feedback="regions",
+                                 revision="edit"),
 }
 
 

@@ -11,8 +11,8 @@ from .tasks import Task, get_task, load_split
 
 # %% auto #0
 __all__ = ['WIN_IOU_N', 'WINNERS_KIND', 'attempt_record', 'attempt_iou', 'verify', 'score_result', 'policy_prompt',
-           'task_prompts', 'sample_and_verify', 'train_tasks_only', 'harvest', 'select_winners', 'apply_winner_labels',
-           'save_winners', 'load_winners', 'load_winner_tasks']
+           'task_prompts', 'sample_completions', 'sample_and_verify', 'train_tasks_only', 'harvest', 'select_winners',
+           'apply_winner_labels', 'save_winners', 'load_winners', 'load_winner_tasks']
 
 # %% ../../nbs/pix/10_harvest.ipynb #84fe9ff8
 WIN_IOU_N = 0.5  # the harvest gate: iou_n >= 0.5 (iou_n from pixrl.pix.reward.shaped_breakdown)
@@ -83,9 +83,9 @@ def task_prompts(policy, tasks: list[Task], spec) -> list[str]:
     return [prompt_text(t, spec) for t in tasks]
 
 # %% ../../nbs/pix/10_harvest.ipynb #fdb10501
-def sample_and_verify(policy, tasks: list[Task], prompts: list[str], n: int, *, temperature: float = 1.0,
-                      max_new_tokens: int | None = None, seed: int = 0, representation: str = "py") -> list[list[dict]]:
-    """Sample `n` completions per prompt from `policy.generate`, extract each program, verify them.
+def sample_completions(policy, tasks: list[Task], prompts: list[str], n: int, *, temperature: float = 1.0,
+                       max_new_tokens: int | None = None, seed: int = 0) -> list[list[str]]:
+    """`n` completions per prompt from `policy.generate`, checked to be `len(prompts)` lists of `n` strings.
 
     `policy` is anything with `generate(prompts, n, temperature=, max_new_tokens=, seed=) -> list[list[str]]`:
     an in-process `pixrl.pix.policy.Policy` or an `pixrl.pix.agent_loop.EndpointPolicy`. `prompts` are the
@@ -93,7 +93,7 @@ def sample_and_verify(policy, tasks: list[Task], prompts: list[str], n: int, *, 
     policy (`policy.vision`) is also given each task's image (`policy.images(tasks)`). `max_new_tokens=None`
     = the policy's own default."""
     if len(prompts) != len(tasks):
-        raise ValueError(f"sample_and_verify: {len(prompts)} prompts for {len(tasks)} tasks")
+        raise ValueError(f"sample_completions: {len(prompts)} prompts for {len(tasks)} tasks")
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     fed = [policy_prompt(policy, p) for p in prompts]
@@ -107,8 +107,15 @@ def sample_and_verify(policy, tasks: list[Task], prompts: list[str], n: int, *, 
         for c in comps:
             if not isinstance(c, str):
                 raise ValueError(f"policy.generate returned a {type(c).__name__}, expected str completions")
+    return completions
+
+def sample_and_verify(policy, tasks: list[Task], prompts: list[str], n: int, *, temperature: float = 1.0,
+                      max_new_tokens: int | None = None, seed: int = 0, representation: str = "py") -> list[list[dict]]:
+    "`sample_completions`, each completion's program extracted (`extract_program`) and verified (`verify`)."
+    completions = sample_completions(policy, tasks, prompts, n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
     codes = [[extract_program(c) for c in comps] for comps in completions]
     return verify(tasks, codes, representation=representation)
+
 
 # %% ../../nbs/pix/10_harvest.ipynb #ba934d3b
 def train_tasks_only(tasks) -> list[Task]:
