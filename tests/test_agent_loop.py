@@ -267,3 +267,47 @@ def test_cli_against_endpoint_and_dead_endpoint(server, tmp_path, capsys):
     rc = cli_main(["--base-url", "http://127.0.0.1:9", "--model", "m", "--tasks", tid, "--raster", "16",
                    "--out", str(tmp_path / "x.json")])
     assert rc == 2 and "unreachable" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+
+
+class LineEditor:
+    "Scripted test double for `LoopConfig(revision='edit')`: plain prompts get the band copy; revision prompts one line."
+    name = "line-editor"
+
+    def __init__(self, tasks):
+        from pixrl.pix.base import band_program
+        self.copies = [band_program(t) for t in tasks]
+
+    def generate(self, prompts, n, temperature=1.0, max_new_tokens=256, seed=0):
+        out = []
+        for copy, p in zip(self.copies, prompts):
+            if "Previous attempt:" not in p:
+                out.append(["```python\n" + copy + "```"] * n)
+                continue
+            assert p.rstrip("\n").splitlines()[-2] == "Write one corrected line of it."
+            last = p.split("```python\n")[1].split("\n```")[0].splitlines()[-1]     # the previous program's last line
+            head, args = last.split("(", 1)
+            nums = args.rstrip(")").split(",")
+            grown = f"{head}({','.join(nums[:-1] + [str(float(nums[-1]) + 0.5)])})"   # its last size half a cell larger
+            out.append(([f"```python\n{grown}\n```", "```python\nb(1,2)\nb(3,4)\n```"] * n)[:n])
+        return out
+
+
+def test_edit_revisions_are_applied_recorded_and_checked():
+    "revision='edit': each answer line is put into the champion's program; the champion re-evaluates; a bad edit is refused."
+    from pixrl.pix.agent_loop import EDIT_REJECTED, apply_edit, check_loop_record, revision_stats
+    tasks = [t for t in load_split("validation") if t.level == 0][:4]
+    cfg = LoopConfig(n_init=1, n_rounds=2, n_revisions=2, revision="edit")
+    rec = run_agent_loop(LineEditor(tasks), tasks, cfg)
+    check_loop_record(rec)
+    for row in rec["tasks"]:
+        for rd in row["rounds"][1:]:
+            s = rd["seeded_by"]
+            revised = row["rounds"][s["round"]]["attempts"][s["attempt"]]["code"]
+            good, bad = rd["attempts"]
+            assert good["code"] == apply_edit(revised, good["edit"]) != revised and good["status"] == "OK"
+            assert (bad["status"], bad["reason"], bad["code"]) == ("SOURCE_REJECTED", EDIT_REJECTED, "")
+    stats = revision_stats(rec)
+    assert stats["n_revisions"] == 4 * 2 * 2 and stats["share_ran"] == 0.5
+    assert _strip_wall(rec) == _strip_wall(run_agent_loop(LineEditor(tasks), tasks, cfg))
+    with pytest.raises(ValueError, match="'patch'"):
+        LoopConfig(revision="patch")

@@ -54,7 +54,8 @@ def test_resume_training_still_resumes(tmp_path, one_torch_thread):
 
 
 @pytest.mark.parametrize("kw, bad", [(dict(revise=1.5, jitter=0.2), "revise 1.5"), (dict(repair=-0.1), "repair -0.1"),
-                                     (dict(revise=0.5), "revise 0.5 with jitter 0")])
+                                     (dict(revise=0.5), "revise 0.5 with jitter 0"), (dict(revision="patch"), "revision 'patch'"),
+                                     (dict(revision="edit"), "revision 'edit' with edit_step 0")])
 def test_base_config_refuses_a_bad_revision_share(kw, bad):
     "A reviser base's knobs are probabilities, and a revision needs the noisy demonstrator's copy to revise."
     from pixrl.pix.base import BaseConfig
@@ -71,6 +72,9 @@ def test_a_revising_base_trains_on_revision_prompts(tmp_path, one_torch_thread):
     revising = group_examples(BaseConfig(**SMALL_BASE, jitter=0.2, revise=1.0, max_chars=3000), 0, tok)
     assert all("Previous attempt" in tok.decode(ids) for ids, _ in revising)
     assert not any("Previous attempt" in tok.decode(ids) for ids, _ in plain)
+    lines = group_examples(BaseConfig(**SMALL_BASE, revise=1.0, edit_step=0.5, revision="edit", max_chars=3000), 0, tok)
+    answers = [tok.decode([i for i, l in zip(ids, labels) if l != -100]) for ids, labels in lines]
+    assert all(a.count("\nb(") == 1 and "sx =" not in a for a in answers), answers[:2]   # one edited line each
 
 
 def _arm(cfg):

@@ -16,8 +16,8 @@ __all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_F
            'REVISION_ASKS', 'EDIT_REJECTED', 'LOOP_KIND', 'PLAIN_SEED_OFFSET', 'REGION_NAMES', 'REGION_MIN_SHARE',
            'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers', 'material_direction', 'closeness', 'feedback',
            'revision_prompt', 'apply_edit', 'verify_edits', 'round_feedback', 'revision_prompts', 'LoopConfig',
-           'run_agent_loop', 'loop_summary', 'loop_budget', 'best_of_plain', 'loop_vs_plain', 'record_best',
-           'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence', 'scripted_loop',
+           'run_agent_loop', 'loop_summary', 'revision_stats', 'loop_budget', 'best_of_plain', 'loop_vs_plain',
+           'record_best', 'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence', 'scripted_loop',
            'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta',
            'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
@@ -346,6 +346,26 @@ def loop_summary(rows: list[dict]) -> dict:
             "mean_champion_reward": sum(r["champion"]["reward"] for r in rows) / n,
             "mean_init_best_iou": sum(r["init_best_iou"] for r in rows) / n,
             "n_champions_from_revision": sum(r["champion"]["round"] > 0 for r in rows)}
+
+def revision_stats(loop: dict) -> dict:
+    """Over every revision of a loop record (a round's fresh attempts left out): how many, the share that ran (status
+    OK), and of those that ran, their IoU minus the IoU of the program they revised (mean; shares above and below 0)."""
+    n, change = 0, []
+    for row in loop["tasks"]:
+        rounds = row["rounds"]                                   # rounds[k] is round k: init, then each revision round
+        for rd in rounds[1:]:
+            if rd.get("fresh_attempt"):
+                continue
+            s = rd["seeded_by"]
+            revised = attempt_iou(rounds[s["round"]]["attempts"][s["attempt"]])
+            n += len(rd["attempts"])
+            change += [attempt_iou(a) - revised for a in rd["attempts"] if a["status"] == "OK"]
+    ran = len(change)
+    return {"n_revisions": n, "share_ran": ran / n if n else 0.0,
+            "mean_iou_change": sum(change) / ran if ran else None,
+            "share_above": sum(c > 0 for c in change) / ran if ran else None,
+            "share_below": sum(c < 0 for c in change) / ran if ran else None}
+
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #e17783ea
 PLAIN_SEED_OFFSET = 1000   # the extra plain attempts' seed: config.seed + this (never a seed the loop's rounds used)

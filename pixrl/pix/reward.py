@@ -377,8 +377,11 @@ def extract_program(completion) -> str:
 
 # %% ../../nbs/pix/04_reward.ipynb #a2cfef3b
 def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: str = "py",
-                   workers: int | None = None, limits: evaluator.Limits | None = None):
-    "TRL reward callable `fn(prompts, completions, **kwargs) -> list[float]` (see the table above)."
+                   workers: int | None = None, limits: evaluator.Limits | None = None, edit_of: dict | None = None):
+    """TRL reward callable `fn(prompts, completions, **kwargs) -> list[float]` (see the table above). `edit_of`: {task
+    id: a program} when each completion is an edit of that program (a reviser answering with one corrected line,
+    `pixrl.pix.agent_loop.apply_edit`): the edited program is scored; an edit that does not apply is scored as a
+    program the evaluator refused."""
     if policy not in REWARD_POLICIES:
         raise ValueError(f"unknown reward policy {policy!r}; accepted: {REWARD_POLICIES}")
     if representation not in REPRESENTATIONS:
@@ -401,8 +404,19 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
         if bad:
             raise ValueError(f"{policy}: dataset column 'representation' holds {bad[0]!r}; accepted: {REPRESENTATIONS}")
         tasks = [tasks_by_id[i] for i in ids]
-        results = evaluate_many([(t, extract_program(c), r) for t, c, r in zip(tasks, completions, reps)],
-                                workers=workers, limits=limits)
+        programs = [extract_program(c) for c in completions]
+        rejected = []
+        if edit_of is not None:
+            from pixrl.pix.agent_loop import EDIT_REJECTED, apply_edit
+            unknown = [i for i in ids if i not in edit_of]
+            if unknown:
+                raise ValueError(f"{policy}: edit_of has no program for task_id {unknown[0]!r}; accepted: one per task of the stage")
+            programs = [apply_edit(edit_of[i], p) for i, p in zip(ids, programs)]
+            rejected = [k for k, p in enumerate(programs) if p is None]
+            programs = [p or "" for p in programs]
+        results = evaluate_many([(t, p, r) for t, p, r in zip(tasks, programs, reps)], workers=workers, limits=limits)
+        for k in rejected:
+            results[k] = evaluator.EvalResult(evaluator.SOURCE_REJECTED, reason=EDIT_REJECTED)
         bds = {p: [shaped_breakdown(res, rect_baseline(t), policy=p) for res, t in zip(results, tasks)]
                for p in SHAPED_POLICIES}
         shaped = bds[policy if policy in SHAPED_POLICIES else DEFAULT_REWARD]
