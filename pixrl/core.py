@@ -36,7 +36,7 @@ EDITOR_NAME = "pixrl-base-editor"  # pixrl-base continued with half its scenes s
 LINE_EDITOR_NAME = "pixrl-base-line-editor"  # pixrl-base continued with half its scenes shown as revisions answered by one edited line
                                              # (LoopConfig.revision "edit"), following the loop's region feedback
 VL_BASE_NAME = "pixrl-base-vl"   # a LLaVA VLM on pixrl-base's language model, pretrained through the image only (pixrl.pix.base_vl)
-COMMITTED_MODELS = (BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME, VL_BASE_NAME)   # built by `make base` / `make base-vl`, committed under data/models/ with a sha256 record
+COMMITTED_MODELS = (BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME, LINE_EDITOR_NAME, VL_BASE_NAME)   # built by `make base` / `make base-vl`, committed under data/models/ with a sha256 record
 PIXRL_META = "pixrl.json"        # beside a model's weights: the PromptSpec it was trained with, its budget, its build
 
 def repo_root() -> Path:

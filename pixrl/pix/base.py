@@ -270,7 +270,7 @@ def edit_bands(bands: list, step: float, direction: str, rng: np.random.Generato
     return pool[rng.integers(len(pool))] if pool else list(bands)
 
 
-EDIT_TRIES = 20   # draws of the demonstrator's edit until `apply_edit` puts its line back where it was made
+EDIT_TRIES = 20   # draws of the demonstrator's edit until `apply_edit` puts its line back where it was made (then as many undirected)
 
 def _edited_line(before: str, after: str) -> str | None:
     "The one line where two band programs of as many lines differ; the last line when none does; None when several do."
@@ -284,7 +284,8 @@ def edit_example(scene, rng: np.random.Generator, step: float, prior: int, n: in
     feedback on it (`feedback`: "global", the loop's default, or "regions", `LoopConfig.feedback`) and the request of
     `revision` (`LoopConfig.revision`), the answer that attempt with one more edit that answers the feedback: its
     direction, or one of the regions it names — the whole program, or with `revision` "edit" the one edited line
-    (an edit `apply_edit` would put on another line is drawn again, up to `EDIT_TRIES` times)."""
+    (an edit `apply_edit` would put on another line — one that makes its line equal to another — is drawn again, up to
+    `EDIT_TRIES` times, then up to as many undirected edits)."""
     from pixrl.pix.agent_loop import (FEEDBACK_KINDS, REVISION_KINDS, _scripted_edit, apply_edit, material_direction,
                                       region_directions, region_sentence, revision_prompt)
     if not isinstance(prior, int) or prior < 0:
@@ -308,12 +309,12 @@ def edit_example(scene, rng: np.random.Generator, step: float, prior: int, n: in
     prompt = revision_prompt(build_prompt(scene, BASE_PROMPT_SPEC), src, fb, revision)
     if revision == "program":
         return prompt, format_answer(answer)
-    for _ in range(EDIT_TRIES):
+    for k in range(2 * EDIT_TRIES):
         line = _edited_line(src, answer)
         if line is not None and apply_edit(src, line) == answer:
             return prompt, format_answer(line)
-        answer = band_source(scene.footprint_um, draw(), n)
-    raise RuntimeError(f"edit_example: scene {scene.id!r}: no edit of {EDIT_TRIES} draws goes back to its own line")
+        answer = band_source(scene.footprint_um, draw() if k + 1 < EDIT_TRIES else edit_bands(prev, step, "BOTH", rng, n), n)
+    raise RuntimeError(f"edit_example: scene {scene.id!r}: no edit of {2 * EDIT_TRIES} draws goes back to its own line")
 
 
 # %% ../../nbs/pix/06a_base.ipynb #b0a1c2f9

@@ -21,7 +21,7 @@ __all__ = ['GENERIC_TOKENIZERS', 'resolve_model', 'model_meta', 'Samples', 'stop
 
 # %% ../../nbs/pix/06_policy.ipynb #363b23fc
 def resolve_model(model: str | os.PathLike) -> str:
-    """`pixrl-base`, `pixrl-base-noisy`, `pixrl-base-long`, `pixrl-base-reviser`, `pixrl-base-editor`, `pixrl-base-vl`, `pixrl-tiny` → the committed directory (the bases checked against their recorded sha256); `pixrl-tiny-vl` → the from-config tiny VLM (`pixrl.pix.tiny.build_tiny_vlm`,
+    """`pixrl-base`, `pixrl-base-noisy`, `pixrl-base-long`, `pixrl-base-reviser`, `pixrl-base-editor`, `pixrl-base-line-editor`, `pixrl-base-vl`, `pixrl-tiny` → the committed directory (the bases checked against their recorded sha256); `pixrl-tiny-vl` → the from-config tiny VLM (`pixrl.pix.tiny.build_tiny_vlm`,
     built into the cache on first use, seed 0); an existing path → itself; `owner/name` → HF id; else ValueError."""
     m = str(model)
     if m == TINY_VL_NAME:
