@@ -379,9 +379,9 @@ def extract_program(completion) -> str:
 def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: str = "py",
                    workers: int | None = None, limits: evaluator.Limits | None = None, edit_of: dict | None = None):
     """TRL reward callable `fn(prompts, completions, **kwargs) -> list[float]` (see the table above). `edit_of`: {task
-    id: a program} when each completion is an edit of that program (a reviser answering with one corrected line,
-    `pixrl.pix.agent_loop.apply_edit`): the edited program is scored; an edit that does not apply is scored as a
-    program the evaluator refused."""
+    id: a program} for the rows whose completion is an edit of that program (a reviser answering with one corrected
+    line, `pixrl.pix.agent_loop.apply_edit`): the edited program is scored, an edit that does not apply as a program
+    the evaluator refused; a row whose task is not in `edit_of` (a plain task prompt beside them) is its own program."""
     if policy not in REWARD_POLICIES:
         raise ValueError(f"unknown reward policy {policy!r}; accepted: {REWARD_POLICIES}")
     if representation not in REPRESENTATIONS:
@@ -408,10 +408,7 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
         rejected = []
         if edit_of is not None:
             from pixrl.pix.agent_loop import EDIT_REJECTED, apply_edit
-            unknown = [i for i in ids if i not in edit_of]
-            if unknown:
-                raise ValueError(f"{policy}: edit_of has no program for task_id {unknown[0]!r}; accepted: one per task of the stage")
-            programs = [apply_edit(edit_of[i], p) for i, p in zip(ids, programs)]
+            programs = [apply_edit(edit_of[i], p) if i in edit_of else p for i, p in zip(ids, programs)]
             rejected = [k for k, p in enumerate(programs) if p is None]
             programs = [p or "" for p in programs]
         results = evaluate_many([(t, p, r) for t, p, r in zip(tasks, programs, reps)], workers=workers, limits=limits)
