@@ -345,3 +345,22 @@ def test_corpus_round_trips_a_line_separator_in_a_chunk(tmp_path):
     p = export_corpus(tmp_path / "c.jsonl", [odd, *records[1:]], kappa=meta["kappa"], meta=meta)
     back, _ = load_corpus(p)
     assert back[0] == odd and len(back) == len(records)
+
+
+def test_the_line_editing_demonstrator_falls_back_when_its_edit_would_copy_another_line():
+    """Scene 7702 of pixrl-base-line-editor's stream stopped its first build: its only region-guided edit makes its line
+    equal another (which `apply_edit` would then replace), so the demonstrator must fall back to an undirected edit."""
+    from pixrl.pix.agent_loop import apply_edit
+    from pixrl.pix.base import base_build, cell_stream, demonstrator_rng, edit_example
+    from pixrl.pix.reward import extract_program
+    from pixrl.core import LINE_EDITOR_NAME
+    cfg = base_build(LINE_EDITOR_NAME)
+    rng = demonstrator_rng(cfg.seed, 7702)
+    assert rng.random() < cfg.revise                      # group_examples shows this scene as a revision
+    prompt, answer = edit_example(next(cell_stream(cfg.seed, start=7702)), rng, cfg.edit_step, cfg.prior_edits,
+                                  cfg.cells, cfg.feedback, cfg.revision)
+    prev = prompt.split("Previous attempt:\n```python\n")[1].split("\n```")[0] + "\n"
+    edited = apply_edit(prev, extract_program(answer))
+    assert edited is not None and edited != prev
+    lines = [l for l in prev.splitlines() if l.startswith("b(")]
+    assert len(lines) == len(set(lines)) and len(set(l for l in edited.splitlines() if l.startswith("b("))) == len(lines)
