@@ -509,8 +509,9 @@ def start_server(export_dir, backend: str = "auto", host: str = "127.0.0.1", por
     argv, model = server_command(export_dir, backend, host, port, max_time, concurrency, enable_lora)
     log_path = Path(log_path) if log_path else Path(export_dir) / "server.log"
     log = open(log_path, "w")
+    env = None if argv[0] == sys.executable else server_env()    # vLLM's server: its environment's settings (pixrl.vllm)
     proc = subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), *argv], stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
     base = f"http://{host}:{port}"
     try:
         deadline = time.time() + startup_timeout

@@ -147,7 +147,7 @@ def vllm_argv(model_dir, tokenizer_dir, *, port: int, host: str = "127.0.0.1", n
             "--tokenizer", str(tokenizer_dir), "--served-model-name", name, "--host", host, "--port", str(port),
             "--dtype", dtype, "--max-model-len", str(max_model_len), "--seed", str(seed),
             "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--no-enable-chunked-prefill",
-            "--generation-config", "vllm"]
+            "--generation-config", "vllm", "--distributed-executor-backend", "uni"]
     if enforce_eager or os.environ.get("PIXRL_VLLM_EAGER") == "1":
         argv.append("--enforce-eager")
     if lora_modules:
@@ -237,7 +237,8 @@ class VLLMServer:
 # %% ../nbs/10_vllm.ipynb #83f2be14
 def server_env() -> dict:
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+               VLLM_ENABLE_V1_MULTIPROCESSING="0")                 # with --distributed-executor-backend uni: no spinning worker
     env.pop("PYTHONPATH", None)                       # nothing of .venv leaks into vLLM's environment
     return env
 
@@ -336,18 +337,39 @@ VLLMServer.load_weights = _load_weights
 @torch.no_grad()
 def sampled_logprob_gap(model, prompts: list, completions: list, server_logprobs: list) -> tuple[float, float]:
     """(mean, max) over all sampled tokens of |server log-prob − `model`'s log-prob| (raw logits, temperature 1).
-    `prompts[i]`, `completions[i]`: token ids; `server_logprobs[i]`: one float per completion id."""
-    gaps = []
-    for p, c, lp in zip(prompts, completions, server_logprobs, strict=True):
+    `prompts[i]`, `completions[i]`: token ids; `server_logprobs[i]`: one float per completion id. The rows of one
+    prompt (a GRPO group) are scored together: the prompt's first P − 1 ids once, their cache repeated to the rows."""
+    rows_of = {}                                                             # {prompt: [row, ...]}
+    for i, (p, c, lp) in enumerate(zip(prompts, completions, server_logprobs, strict=True)):
         if len(c) != len(lp):
-            raise ValueError(f"{len(c)} sampled ids but {len(lp)} log-probabilities")
-        if not c:
-            continue
-        ids = torch.tensor([list(p) + list(c)], device=model.device)                        # (1, P+T)
-        logits = model(ids).logits[0, len(p) - 1:-1].double()                               # (T, V): predicts c
-        mine = torch.log_softmax(logits, -1).gather(1, torch.tensor(c, device=model.device)[:, None])[:, 0]   # (T,)
-        gaps.append((mine.cpu() - torch.tensor(lp, dtype=torch.float64)).abs())           # (T,)
+            raise ValueError(f"row {i}: {len(c)} sampled ids but {len(lp)} log-probabilities")
+        if not p:
+            raise ValueError(f"row {i}: an empty prompt; accepted: at least one prompt id")
+        if c:
+            rows_of.setdefault(tuple(p), []).append(i)
+    gaps = []
+    for p, rows in rows_of.items():
+        k = len(rows)
+        C = max(len(completions[i]) for i in rows)
+        cache = None
+        if len(p) > 1:
+            cache = model(input_ids=torch.tensor([p[:-1]], device=model.device), use_cache=True).cache   # P − 1 positions
+            cache.batch_repeat_interleave(k)                                 # → k rows
+        tail = torch.zeros(k, 1 + C, dtype=torch.long)                      # (k, 1 + C): last prompt id + completion,
+        valid = torch.zeros(k, C, dtype=torch.bool)                          # right-padded (pads only see what precedes)
+        for r, i in enumerate(rows):
+            c = completions[i]
+            tail[r, 0] = p[-1]
+            tail[r, 1:1 + len(c)] = torch.tensor(c)
+            valid[r, :len(c)] = True
+        logits = model(input_ids=tail.to(model.device), cache=cache).logits[:, :-1].double()   # (k, C, V): predicts c
+        mine = torch.log_softmax(logits, -1).gather(2, tail[:, 1:, None].to(model.device))[:, :, 0].cpu()   # (k, C)
+        served = torch.zeros(k, C, dtype=torch.float64)
+        for r, i in enumerate(rows):
+            served[r, :len(completions[i])] = torch.tensor(server_logprobs[i], dtype=torch.float64)
+        gaps.append((mine - served).abs()[valid])                           # (tokens,)
     if not gaps:
         return 0.0, 0.0
     flat = torch.cat(gaps)
     return float(flat.mean()), float(flat.max())
+

@@ -46,6 +46,19 @@ def _servers_under(path) -> list:
     return [int(l.split()[0]) for l in out if "vllm.entrypoints.openai.api_server" in l and str(path) in l]
 
 
+def _group_cpu_s(pgid: int) -> float:
+    "CPU seconds (user + system) used so far by the live processes of process group `pgid`."
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 def test_vllm_environment_is_installed():
     "`make vllm-env` ran (make test depends on it): vLLM 0.32.0 with the CPU torch, its versions recorded."
     v = vllm_versions()
@@ -115,6 +128,14 @@ def test_serve_release_with_vllm(tmp_path):
         assert [len(g) for g in first] == [4, 4]
         assert first == again
         assert _post(srv.base_url + "/v1/completions", {"model": srv.model, "prompt": "x", "max_tokens": 1})["choices"]
+
+        # idle after a request: vLLM's default worker spins a core for 1 s after each one (pixrl.vllm: executor "uni")
+        endpoint.generate(prompts, n=4, temperature=1.0, max_new_tokens=64, seed=4)
+        before = _group_cpu_s(srv.proc.pid)
+        time.sleep(0.6)
+        idle = _group_cpu_s(srv.proc.pid) - before
+        print(f"server CPU in the 0.6 s after a request: {idle:.2f} s")
+        assert idle < 0.15, f"the server used {idle:.2f} CPU s in the 0.6 s after a request: a worker spinning"
 
         out = tmp_path / "loop.json"
         rc = cli_main(["--base-url", srv.base_url, "--model", srv.model,

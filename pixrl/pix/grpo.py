@@ -23,11 +23,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 datasets.disable_progress_bars()
 
 # %% auto #0
-__all__ = ['VLLM_LOGPROB_TOL', 'SHARED_PREFIX_VLMS', 'replay_mix', 'rl_dataset', 'sft_dataset', 'per_device_batch',
-           'PixGRPOTrainer', 'PixSFTTrainer', 'PeriodicProbe', 'time_shares', 'thread_cap', 'CpuShare', 'prompt_groups',
-           'rollout_seed', 'server_rollouts', 'rank_record', 'ProgressLog', 'has_cuda', 'resolve_use_vllm', 'device_kw',
-           'lora_config', 'last_checkpoint', 'grpo_config', 'shared_prefix_logps', 'start_rollout_server', 'run_grpo',
-           'run_sft']
+__all__ = ['VLLM_LOGPROB_TOL', 'SHARED_PREFIX_VLMS', 'LENGTH_BUCKETS', 'replay_mix', 'rl_dataset', 'sft_dataset',
+           'per_device_batch', 'PixGRPOTrainer', 'PixSFTTrainer', 'PeriodicProbe', 'time_shares', 'thread_cap',
+           'CpuShare', 'prompt_groups', 'rollout_seed', 'server_rollouts', 'rank_record', 'ProgressLog', 'has_cuda',
+           'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint', 'grpo_config', 'shared_prefix_logps',
+           'start_rollout_server', 'run_grpo', 'run_sft']
 
 # %% ../../nbs/pix/07_grpo.ipynb #4c55cd8b
 def replay_mix(tasks: list, replay_tasks: list, replay_share: float, seed: int = 0) -> list:
@@ -381,17 +381,21 @@ def grpo_config(out_dir, steps: int, *, learning_rate: float, num_generations: i
 
 # %% ../../nbs/pix/07_grpo.ipynb #f9967a77
 SHARED_PREFIX_VLMS = ("llava",)   # VLM model types whose image inputs are one tensor row per prompt row: shared_prefix runs them
+LENGTH_BUCKETS = 4                 # the rows' completions run in up to this many forwards, each only as long as its longest
 
 def shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool = False,
-                        **images) -> tuple:
+                        length_buckets: int = LENGTH_BUCKETS, **images) -> tuple:
     """Per-token log-probabilities (and entropies, else None) of the last `logits_to_keep` tokens of every row, each
     distinct prompt (the other columns, with their padding, and its image) run once. `model` carries TRL's fused LM
     head. `images`: a VLM's image inputs with one row per row of `input_ids` (LLaVA's `pixel_values`), given to the
-    prompt pass only; others (Qwen-VL's flattened patches) are refused, naming their shapes."""
+    prompt pass only; others (Qwen-VL's flattened patches) are refused, naming their shapes. The completions run in
+    `length_buckets` forwards over rows sorted by completion length, each cut after its longest completion."""
     B, T = input_ids.shape                                                  # rows: left-padded prompt + completion
     P = T - logits_to_keep                                                  # prompt columns
     if P < 2:
         raise ValueError(f"shared_prefix_logps: {P} prompt column(s) (T {T}, logits_to_keep {logits_to_keep}); accepted: at least 2")
+    if not (isinstance(length_buckets, int) and length_buckets >= 1):
+        raise ValueError(f"shared_prefix_logps: length_buckets={length_buckets!r}; accepted: an int ≥ 1")
     images = {k: v for k, v in images.items() if v is not None}
     count = images.pop("num_images", None)                                 # TRL's images per row: one each here
     if count is not None and list(count) != [1] * B:
@@ -412,12 +416,24 @@ def shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep: int, c
     first[row_of] = torch.arange(B)                                         # (U,): a row holding each distinct prompt
     head = model(input_ids=input_ids[first, :P - 1], attention_mask=attention_mask[first, :P - 1], use_cache=True,
                  logits_to_keep=1, **{k: v[first] for k, v in images.items()})
-    cache = head.cache                                                      # U rows of keys/values over P − 1 positions
-    cache.batch_select_indices(row_of)                                      # → B rows (an index: gradients sum back per group)
-    tail = input_ids[:, P - 1:]                                             # (B, 1 + C): the last prompt token, the completion
-    labels = tail.masked_fill(attention_mask[:, P - 1:] == 0, -100)        # the fused head scores labels[:, 1:]: the completion
-    out = model(input_ids=tail, attention_mask=attention_mask, cache=cache, labels=labels, fused_lm_head=True)
-    return out.log_probs, (out.entropy if compute_entropy else None)        # (B, C) each
+    C = logits_to_keep
+    cols = torch.arange(1, C + 1, device=attention_mask.device)
+    length = (attention_mask[:, P:] * cols).amax(1)                         # (B,): columns up to a row's last completion token
+    order = torch.argsort(length.cpu(), stable=True)                        # shortest completions first
+    logps, ents = [], []
+    for rows in order.chunk(length_buckets):                                # (b,) rows of one forward
+        L = max(1, int(length[rows].max()))                                 # the bucket's completion columns
+        cache = copy.copy(head.cache)                                       # U rows of keys/values over P − 1 positions;
+        cache.layers = [copy.copy(layer) for layer in cache.layers]         # each bucket selects its own rows from them
+        cache.batch_select_indices(row_of[rows])                            # → b rows (an index: gradients sum back per group)
+        tail = input_ids[rows, P - 1:P + L]                                 # (b, 1 + L): the last prompt token, the completion
+        labels = tail.masked_fill(attention_mask[rows, P - 1:P + L] == 0, -100)   # the fused head scores labels[:, 1:]
+        out = model(input_ids=tail, attention_mask=attention_mask[rows, :P + L], cache=cache, labels=labels, fused_lm_head=True)
+        logps.append(torch.nn.functional.pad(out.log_probs, (0, C - L)))                      # (b, C): 0 past the bucket's columns, as TRL's
+        if compute_entropy:
+            ents.append(torch.nn.functional.pad(out.entropy, (0, C - L)))
+    back = torch.argsort(order)                                             # (B,): the rows in their own order
+    return torch.cat(logps)[back], (torch.cat(ents)[back] if compute_entropy else None)   # (B, C) each
 
 
 # %% ../../nbs/pix/07_grpo.ipynb #02122d30
