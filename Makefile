@@ -116,12 +116,13 @@ mem-base: setup
 mem-base-dw: setup
 	papermill nbs/mem_base.ipynb runs/mem_base_dw_model.ipynb -p decision_weight 10 -p out_dir ../data/models/pixrl-mem-base-dw -p runs_dir ../runs/mem_base_dw_model -p ablate_small False --cwd nbs
 
-# The mem credit-assignment ablation on pixrl-mem-base-dw: 5 arms (two_baseline at alpha 0.9 and 1.0, dedup at 0.9,
-# gigpo, gigpo_verl with gamma 0.95) x 3 seeds, each to the plateau of its validation reward + update-gate accuracy
-# (val/reward_gates) or 150 steps (runs/mem_ablation_dw_gates), resumable (finished arm-seeds are skipped). On
-# pixrl-mem-base, stopped on val/reward: runs/mem_ablation_v2; the first ablation (lr 1e-3, no plateau rule): runs/mem_ablation.
+# The mem credit-assignment ablation on pixrl-mem-base-dw, on documents of 8-12 chunks (it learned on 3-4): 4 arms
+# (two_baseline at alpha 0.9 and 1.0, dedup at 0.9, gigpo_verl with gamma 0.95) x 3 seeds, each to the plateau of its
+# validation reward + update-gate accuracy (val/reward_gates) or 100 steps (~1 h: runs/mem_ablation_long), resumable
+# (finished arm-seeds are skipped). On 3-4 chunks: runs/mem_ablation_dw_gates (-p chunks_per_doc 3,4 -p steps 150
+# -p beta 0.01, five arms); on pixrl-mem-base: runs/mem_ablation_v2; the first ablation: runs/mem_ablation.
 mem-ablation: setup
-	papermill nbs/mem_ablation.ipynb runs/mem_ablation_dw_gates.ipynb --cwd nbs
+	papermill nbs/mem_ablation.ipynb runs/mem_ablation_long.ipynb --cwd nbs
 
 # Rebuild pixrl-tiny from its seed (~35 min on 2 free cores); the committed copy is in data/models/pixrl-tiny.
 tiny: setup

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from conftest import notebook_parameters
 from pixrl.mem.train import MemTrainConfig, PlateauRule, RENAMED, upgrade_saved_config
-from pixrl.mem.ablation import parse_arms, parse_seeds, arm_seed_dir, _done_record
+from pixrl.mem.ablation import parse_arms, parse_seeds, parse_chunks, arm_seed_dir, _done_record
 
 ROOT = Path(__file__).parents[1]
 RUNS = ROOT / "runs" / "mem_ablation"
@@ -29,11 +29,12 @@ def test_committed_arm_seeds_are_finished_records_under_the_new_names():
 
 
 def test_make_mem_ablation_skips_every_committed_arm_seed():
-    """`make mem-ablation` (nbs/mem_ablation.ipynb's own parameters) over the committed runs/mem_ablation_v2 finds every
+    """`make mem-ablation` (nbs/mem_ablation.ipynb's own parameters) over its committed run (runs/<out>) finds every
     arm-seed finished for its configuration and stopping rule: a re-run trains nothing, and a changed default would be
     refused here before it mixes two recipes in one folder."""
     p = notebook_parameters(ROOT / "nbs" / "mem_ablation.ipynb")
-    base = MemTrainConfig(model=p["model"], steps=p["steps"], learning_rate=p["learning_rate"],
+    base = MemTrainConfig(model=p["model"], kinds=tuple(k.strip() for k in p["kinds"].split(",")),
+                          chunks_per_doc=parse_chunks(p["chunks_per_doc"]), steps=p["steps"], learning_rate=p["learning_rate"],
                           warmup_steps=p["warmup_steps"], beta=p["beta"], groups_per_step=p["groups_per_step"],
                           num_generations=p["num_generations"], val_every=p["val_every"],
                           val_questions=p["val_questions"]).validate()              # the notebook's base_cfg

@@ -18,10 +18,11 @@ from .model import question_subject, mentions
 from .rollout import Gen
 
 # %% auto #0
-__all__ = ['NO_ALPHA', 'FINAL_KEYS', 'LAST10_TRAIN', 'STOPS', 'CHUNK_NAMES', 'UPDATE_RULES', 'EXIT_RULES', 'WARM_KEYS', 'Arm',
-           'parse_arms', 'parse_seeds', 'arm_seed_dir', 'arm_seed_record', 'run_arm_seed', 'run_ablation',
-           'gate_credit', 'stop_kind', 'stop_table', 'chunk_names', 'gate_rates', 'GateOverride', 'summarize',
-           'arm_table', 'collapse_test', 'compare_arms']
+__all__ = ['NO_ALPHA', 'FINAL_KEYS', 'LAST10_TRAIN', 'STOPS', 'CHUNK_NAMES', 'UPDATE_RULES', 'EXIT_RULES', 'WARM_KEYS',
+           'EVIDENCE_SLACK', 'Arm', 'parse_arms', 'parse_seeds', 'parse_chunks', 'arm_seed_dir', 'arm_seed_record',
+           'run_arm_seed', 'run_ablation', 'gate_credit', 'stop_kind', 'stop_table', 'chunk_names', 'gate_rates',
+           'GateOverride', 'summarize', 'arm_table', 'vs_warm_start', 'collapse_test', 'warm_start_bars',
+           'compare_arms']
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #7a253c63
 NO_ALPHA = ("gigpo", "gigpo_verl")   # credit assignments whose advantage has no α (Â = Â_traj + ω·Â_step)
@@ -93,6 +94,14 @@ def parse_seeds(spec: str) -> list[int]:
         raise ValueError(f"seeds {spec!r}: a seed is repeated")
     return seeds
 
+
+def parse_chunks(spec: str) -> tuple[int, int]:
+    "`\"8,12\"` → (8, 12), chunks per document (`MemTrainConfig.chunks_per_doc`); ValueError naming a bad part or lo > hi."
+    parts = [p.strip() for p in str(spec).split(",")]
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts) or int(parts[0]) > int(parts[1]):
+        raise ValueError(f"chunks_per_doc {spec!r}; accepted: 'lo,hi', two integers with 1 <= lo <= hi, e.g. '8,12'")
+    return int(parts[0]), int(parts[1])
+
 # %% ../../nbs/mem/24_mem_ablation.ipynb #ad715204
 FINAL_KEYS = ("update_acc_free", "update_acc_evidence", "outcome", "exact_exit", "format", "reward", "resp_tokens")
 LAST10_TRAIN = (("update_acc_free", "gate/acc_free"), ("update_acc_evidence", "gate/acc_evidence"),
@@ -155,7 +164,7 @@ def _done_record(out_dir, arm: Arm, seed: int, base: MemTrainConfig, plateau: Pl
         return None
     rec = read_json(f, "arm-seed record")
     if isinstance(rec.get("config"), dict):
-        rec["config"] = upgrade_saved_config(rec["config"])      # a record saved under the earlier field names
+        rec["config"] = json.loads(json.dumps(upgrade_saved_config(rec["config"]), default=str))   # earlier field names, as JSON
     want = json.loads(json.dumps(dataclasses.asdict(arm.config(base, seed)), default=str))
     if rec.get("config") != want:
         raise ValueError(f"{f} was written for another configuration ({rec.get('config')}); this ablation's is "
@@ -354,12 +363,32 @@ def arm_table(summary: dict, keys=("update_acc_free", "update_acc_evidence", "up
     return pd.DataFrame(rows).T
 
 
+def vs_warm_start(summary: dict, arm: str, key: str) -> dict:
+    "`arm`'s final − the warm start on `key` (a key of the summary's `warm_start`), per seed, and its Student-t 95% interval over seeds."
+    d = np.asarray(summary["arms"][arm][key]) - summary["warm_start"][key]     # (seeds,)
+    return dict(arm=arm, key=key, change=d.tolist(), ci=seed_ci(d).to_dict())
+
+
 def collapse_test(summary: dict, arm: str) -> dict:
     """Did `arm`'s evidence-free update accuracy fall below the warm start? The per-seed change
     (final − warm start) and its interval over seeds; `collapsed` iff the interval lies below 0."""
-    d = np.asarray(summary["arms"][arm]["update_acc_free"]) - summary["warm_start"]["update_acc_free"]
-    ci = seed_ci(d)
-    return dict(arm=arm, change=d.tolist(), ci=ci.to_dict(), collapsed=ci.hi < 0)
+    v = vs_warm_start(summary, arm, "update_acc_free")
+    return dict(arm=arm, change=v["change"], ci=v["ci"], collapsed=v["ci"]["hi"] < 0)
+
+
+EVIDENCE_SLACK = 0.05   # how far the evidence update accuracy may fall below the warm start's (mean over seeds)
+
+def warm_start_bars(summary: dict, arm: str, evidence_slack: float = EVIDENCE_SLACK) -> dict:
+    """Does `arm` earn its keep against the warm start (held-out, final − warm start over seeds)? Four bars:
+    `outcome` and `update_acc_free` risen (interval above 0); `update_acc_evidence` not below it by more than
+    `evidence_slack` (mean change ≥ −slack); `exact_exit` not below it (interval not below 0). Each bar: its
+    `vs_warm_start` entry and `met`; `all` iff every bar is met."""
+    v = {k: vs_warm_start(summary, arm, k) for k in ("outcome_val", "update_acc_free", "update_acc_evidence", "exact_exit")}
+    met = {"outcome_val": v["outcome_val"]["ci"]["lo"] > 0,
+           "update_acc_free": v["update_acc_free"]["ci"]["lo"] > 0,
+           "update_acc_evidence": v["update_acc_evidence"]["ci"]["mean"] >= -evidence_slack,
+           "exact_exit": v["exact_exit"]["ci"]["hi"] >= 0}
+    return dict(arm=arm, bars={k: dict(v[k], met=bool(met[k])) for k in v}, all=all(met.values()))
 
 
 def compare_arms(summary: dict, a: str, b: str, key: str) -> dict:

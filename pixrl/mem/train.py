@@ -40,7 +40,7 @@ def refuse_renamed(given: Mapping, where: str = "MemTrainConfig") -> None:
     "TypeError naming each earlier field name in `given` (a key of `RENAMED`), its value and its new name (`pixrl.core.refuse_old_names`)."
     refuse_old_names(given, RENAMED, where)
 
-ADDED = {"gamma": 0.0}   # fields added since runs were recorded -> the value that reproduces what those runs did
+ADDED = {"gamma": 0.0, "kinds": ("direct",)}   # fields added since runs were recorded -> the value that reproduces what those runs did
 
 def upgrade_saved_config(saved: Mapping) -> dict:
     """`saved`, a MemTrainConfig dict written by an earlier run, under today's names: each key of `RENAMED` becomes
@@ -88,6 +88,7 @@ class MemTrainConfig:
     max_response_tokens: int = setting(128, ge=4)                                 # per turn
     chunk_words: int = setting(6, ge=1)                                           # corpus: words per chunk (Table 3 "chunk size 5000" is in tokens, GPU)
     chunks_per_doc: tuple = setting((3, 4), min_len=2, max_len=2, items=_CHUNKS)  # corpus: chunks per document, a (lo, hi) pair with lo <= hi
+    kinds: tuple = setting(("direct",), min_len=1, distinct=True, items=Accepts(str, choices=mem_corpus.KINDS))  # corpus: question kinds (pixrl.mem.corpus.KINDS); pixrl-mem-base saw only "direct"
     val_every: int = setting(5, ge=0)                                             # validation cadence (steps); 0 = never
     val_questions: int = setting(24, ge=1)                                        # held-out questions per validation (1 rollout each)
     micro_batch_rows: int = setting(64, ge=1)                                     # rows per forward/backward (gradient accumulation)
@@ -130,7 +131,7 @@ GPU_DEFAULTS.__doc__ = ("GRU-Mem Table 3, docs/mem.md §table-3 (chunk 5000, pro
 def cpu_corpus(cfg: MemTrainConfig = MemTrainConfig(), **overrides):
     "(records, meta): `pixrl.mem.model.cpu_corpus` with the config's seed and chunking."
     from pixrl.mem.model import cpu_corpus as _cpu
-    return _cpu(cfg.seed, chunks_per_doc=tuple(cfg.chunks_per_doc), chunk_words=cfg.chunk_words, **overrides)
+    return _cpu(cfg.seed, chunks_per_doc=tuple(cfg.chunks_per_doc), chunk_words=cfg.chunk_words, kinds=tuple(cfg.kinds), **overrides)
 
 # %% ../../nbs/mem/22_mem_train.ipynb #8a2a26e5
 @dataclass
