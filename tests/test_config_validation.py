@@ -95,6 +95,7 @@ MEM_BAD = {
     "max_response_tokens": [3, None],
     "chunk_words": [0, 6.0],
     "chunks_per_doc": [(4, 3), (0, 4), (3,), (3, 4, 5), [3, 4], 3],
+    "kinds": [(), ("direct", "rumour"), ("direct", "direct"), "direct", ["direct"], (1,)],
     "val_every": [-1, 5.0],
     "val_questions": [0, None],
     "micro_batch_rows": [0, 64.5],
