@@ -2,6 +2,7 @@
 took TRL GRPOConfig's names (`group_size`, `lr`, …) and before `gamma`; they still read as finished records for the
 settings that run executed with, so a re-run of that ablation skips every arm-seed instead of refusing the folder."""
 import json
+import shlex
 from pathlib import Path
 
 from conftest import notebook_parameters
@@ -28,11 +29,8 @@ def test_committed_arm_seeds_are_finished_records_under_the_new_names():
             assert rec["config"]["learning_rate"] == saved["config"]["lr"] == p["learning_rate"]
 
 
-def test_make_mem_ablation_skips_every_committed_arm_seed():
-    """`make mem-ablation` (nbs/mem_ablation.ipynb's own parameters) over its committed run (runs/<out>) finds every
-    arm-seed finished for its configuration and stopping rule: a re-run trains nothing, and a changed default would be
-    refused here before it mixes two recipes in one folder."""
-    p = notebook_parameters(ROOT / "nbs" / "mem_ablation.ipynb")
+def _all_arm_seeds_done(p: dict) -> None:
+    "Every arm-seed of the ablation run with notebook parameters `p` is a finished record under its config and rule."
     base = MemTrainConfig(model=p["model"], kinds=tuple(k.strip() for k in p["kinds"].split(",")),
                           chunks_per_doc=parse_chunks(p["chunks_per_doc"]), steps=p["steps"], learning_rate=p["learning_rate"],
                           warmup_steps=p["warmup_steps"], beta=p["beta"], groups_per_step=p["groups_per_step"],
@@ -48,3 +46,26 @@ def test_make_mem_ablation_skips_every_committed_arm_seed():
             rec = _done_record(out, arm, seed, base, plateau)
             assert rec is not None, (arm.name, seed)                          # finished, not to be retrained
             assert rec["stop_reason"].startswith("validation plateau") or rec["steps_done"] == p["steps"]
+
+
+def test_make_mem_ablation_skips_every_committed_arm_seed():
+    """`make mem-ablation` (nbs/mem_ablation.ipynb's own parameters) over its committed run (runs/<out>) finds every
+    arm-seed finished for its configuration and stopping rule: a re-run trains nothing, and a changed default would be
+    refused here before it mixes two recipes in one folder."""
+    _all_arm_seeds_done(notebook_parameters(ROOT / "nbs" / "mem_ablation.ipynb"))
+
+
+def test_registry_commands_of_earlier_mem_ablations_still_match_their_runs():
+    """The registry's command of each mem ablation that is not make mem-ablation (the notebook's defaults overlaid
+    with its `-p` values) names the configuration its committed arm-seeds were trained with: re-running the command
+    retrains nothing (runs/mem_ablation_dw_gates: 3-4 chunks, KL 0.01, 150 steps, five arms)."""
+    defaults = notebook_parameters(ROOT / "nbs" / "mem_ablation.ipynb")
+    entries = [r for r in json.loads((ROOT / "runs" / "registry.json").read_text())
+               if r["command"].startswith("papermill nbs/mem_ablation.ipynb")]
+    assert "mem_ablation_dw_gates" in [r["name"] for r in entries]
+    for r in entries:
+        argv = shlex.split(r["command"].split("#")[0])
+        given = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "-p"}
+        p = {k: type(v)(given[k]) if k in given and not isinstance(v, str) else given.get(k, v) for k, v in defaults.items()}
+        assert p["out"] == r["name"], r["name"]
+        _all_arm_seeds_done(p)
