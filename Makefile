@@ -11,7 +11,7 @@ STAMP := $(VENV)/.pixrl-setup
 # worker on 2 cores wait on each other (a GRPO step measured 25 s instead of 0.95 s)
 TEST_WORKERS ?= 2
 
-.PHONY: setup vllm-env test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long base-reviser base-editor base-line-editor base-vl mem-base mem-base-dw mem-ablation export clean-nbs
+.PHONY: setup vllm-env test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long base-reviser base-editor base-line-editor base-mover base-vl mem-base mem-base-dw mem-ablation export clean-nbs
 
 setup: $(STAMP)
 
@@ -104,6 +104,11 @@ base-editor: setup
 # (LoopConfig.revision "edit": the loop puts the line in, apply_edit), following the loop's 3 x 3 region feedback.
 base-line-editor: setup
 	papermill nbs/base.ipynb runs/base_line_editor_model.ipynb -p name pixrl-base-line-editor --cwd nbs
+
+# pixrl-base-mover: pixrl-base continued with half its scenes shown as revisions answered by one edge move, move(k, a, d)
+# (LoopConfig.revision "move": the loop moves the edge, apply_move), following the loop's 3 x 3 region feedback.
+base-mover: setup
+	papermill nbs/base.ipynb runs/base_mover_model.ipynb -p name pixrl-base-mover --cwd nbs
 
 # Rebuild pixrl-mem-base, the mem line's default (pixrl.mem.model; ~26 min on 2 free cores, pixrl-mem-tiny's size
 # pretrained alongside included: runs/mem_base_model; resumable from its last good checkpoint in

@@ -15,11 +15,11 @@ from .tasks import Task, release_digest
 __all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'FEEDBACK_KINDS', 'REVISION_KINDS',
            'REVISION_ASKS', 'EDIT_REJECTED', 'LOOP_KIND', 'PLAIN_SEED_OFFSET', 'REGION_NAMES', 'REGION_MIN_SHARE',
            'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers', 'material_direction', 'closeness', 'feedback',
-           'revision_prompt', 'apply_edit', 'verify_edits', 'round_feedback', 'revision_prompts', 'LoopConfig',
-           'run_agent_loop', 'loop_summary', 'revision_stats', 'loop_budget', 'best_of_plain', 'loop_vs_plain',
-           'record_best', 'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence', 'scripted_loop',
-           'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta',
-           'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
+           'revision_prompt', 'apply_move', 'apply_edit', 'verify_edits', 'round_feedback', 'revision_prompts',
+           'LoopConfig', 'run_agent_loop', 'loop_summary', 'revision_stats', 'loop_budget', 'best_of_plain',
+           'loop_vs_plain', 'record_best', 'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence',
+           'scripted_loop', 'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks',
+           'served_meta', 'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #b634cf9c
 CLOSENESS_BUCKETS = (  # (lower IoU bound, sentence) — first match wins; the bounds never reach the text
@@ -90,9 +90,11 @@ def feedback(attempt: dict) -> str:
     return redact_numbers(f"{closeness(attempt['iou'] or 0.0)} {DIRECTION_FEEDBACK[material_direction(attempt['extra_um'], attempt['missing_um'])]}")
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #96dbf73b
-REVISION_KINDS = ("program", "edit")   # what a revision answers (LoopConfig.revision): a whole program, or one edited line
+REVISION_KINDS = ("program", "edit", "move")   # what a revision answers (LoopConfig.revision): a whole program, one edited
+                                               # line, or one edge move (`apply_edit`, `apply_move`)
 REVISION_ASKS = {"program": "Write an improved program.",          # the revision prompt's request, per kind
-                 "edit": "Write one corrected line of it."}
+                 "edit": "Write one corrected line of it.",
+                 "move": "Move one edge of it."}
 
 def revision_prompt(task_prompt: str, champion_code: str, feedback_text: str, revision: str = "program") -> str:
     """Task prompt + previous program + feedback + the request of `revision` (`REVISION_ASKS`); the task prompt's
@@ -124,14 +126,47 @@ def _line_form(line: str) -> tuple[str, list[float]]:
     line = line.strip()
     return _NUMBER.sub("<n>", line), [float(x) for x in _NUMBER.findall(line)]
 
+_MOVE = re.compile(r"move\((\d+),\s*(\d+),\s*(-?\d+(?:\.\d+)?)\)")   # move(k, a, d): the answer of a `revision="move"`
+
+def apply_move(program: str, k: int, a: int, d: float) -> str | None:
+    """`program` with the edge that number `a` of its `k`-th `b(...)` call places (both from 1) moved by `d` cells:
+    a bottom or left edge (odd `a`: `y`, `x_j`) moves that number by `d` and its size (the next number) by −`d`; a top or
+    right edge (even `a`: `h`, `w_j`) moves its size by `d`. None when there is no such call or number, `|d|` is not
+    an `EDIT_STEPS` step, or the move leaves a size ≤ 0 or a position < 0."""
+    from pixrl.pix.base import EDIT_STEPS, _cell
+    rows = program.splitlines()
+    calls = [i for i, row in enumerate(rows) if row.strip().startswith("b(") and row.strip().endswith(")")]
+    if not (1 <= k <= len(calls)) or abs(d) not in EDIT_STEPS:
+        return None
+    row = rows[calls[k - 1]]
+    try:
+        nums = [float(v) for v in row.strip()[2:-1].split(",")]      # (2 + 2·runs,): y, h, x1, w1, …
+    except ValueError:
+        return None
+    if not (1 <= a <= len(nums)):
+        return None
+    j = a - 1                                                        # 0-based: even j a position, odd j a size
+    if j % 2 == 0:
+        nums[j], nums[j + 1] = nums[j] + d, nums[j + 1] - d          # bottom / left edge: the far edge stays
+    else:
+        nums[j] = nums[j] + d                                        # top / right edge: the size alone
+    if any(v <= 0 for v in nums[1::2]) or any(v < 0 for v in nums[0::2]):
+        return None
+    indent = row[:len(row) - len(row.lstrip())]
+    rows[calls[k - 1]] = indent + "b(" + ",".join(str(_cell(v)) for v in nums) + ")"
+    return "\n".join(rows) + "\n"
+
 def apply_edit(program: str, edit: str) -> str | None:
     """`program` with the line that `edit` edits replaced by `edit`: among `program`'s lines of `edit`'s form
     (`_line_form`), the one whose numbers differ from `edit`'s in the fewest places, then by the least total
-    |difference|, then the first. None when `edit` is not exactly one non-blank line holding a number, or `program`
-    has no line of its form."""
+    |difference|, then the first; an `edit` of the form `move(k, a, d)` is a move (`apply_move`). None when `edit` is
+    not exactly one non-blank line holding a number, or `program` has no line of its form, or the move does not apply."""
     lines = [l for l in edit.strip("\n").splitlines() if l.strip()]
     if len(lines) != 1:
         return None
+    move = _MOVE.fullmatch(lines[0].strip())
+    if move:
+        return apply_move(program, int(move[1]), int(move[2]), float(move[3]))
     form, nums = _line_form(lines[0])
     if not nums:
         return None
@@ -230,8 +265,9 @@ class LoopConfig:
     representation: str = "py"      # program representation the evaluator runs
     feedback: str = "global"        # FEEDBACK_KINDS: "global" (closeness + one material direction, `feedback`) or "regions"
                                     # (closeness + where material is extra or missing, 3 × 3 regions: `region_feedback`)
-    revision: str = "program"       # REVISION_KINDS: a revision writes a whole program, or ("edit") one corrected line of the
-                                    # champion's program that the loop puts in (`apply_edit`)
+    revision: str = "program"       # REVISION_KINDS: a revision writes a whole program, ("edit") one corrected line of the
+                                    # champion's program that the loop puts in (`apply_edit`), or ("move") one edge move of it
+                                    # (`move(k, a, d)`, `apply_move`)
 
     def __post_init__(self):
         for name in ("n_init", "n_revisions"):
@@ -285,8 +321,8 @@ def _code(row: dict) -> str:
     return (row["champion"].get("code") or "").strip()
 
 def _revise(policy, tasks: list[Task], rprompts: list[str], champions: list[str], config: LoopConfig, r: int, gen: dict):
-    """Round `r`'s verified revisions: programs (`sample_and_verify`), or with `config.revision` "edit" each answer put
-    into its champion's program (`verify_edits`); a task without a champion program samples a fresh program."""
+    """Round `r`'s verified revisions: programs (`sample_and_verify`), or with `config.revision` "edit" or "move" each
+    answer put into its champion's program (`verify_edits`); a task without a champion program samples a fresh program."""
     if config.revision == "program":
         return sample_and_verify(policy, tasks, rprompts, config.n_revisions, seed=config.seed + r, **gen)
     texts = sample_completions(policy, tasks, rprompts, config.n_revisions, seed=config.seed + r,

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import Qwen2ForCausalLM
-from ..core import set_seed, Timer, BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME, LINE_EDITOR_NAME
+from ..core import set_seed, Timer, BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME, LINE_EDITOR_NAME, MOVER_NAME
 from .geometry import render
 from .prompt import PromptSpec, build_prompt, format_answer, ink_bands, _fmt
 from ..lm import tiny_config, encode_example, collate, model_dir_sha256
@@ -18,7 +18,7 @@ from .tiny import SceneTask, MODEL_IMAGE_SHAPE, char_tokenizer, save_tiny
 __all__ = ['BASE_CELLS', 'BASE_PROMPT_SPEC', 'PRIMITIVES', 'PRIMITIVE_P', 'TARGETS', 'BAND_HELPER', 'EDIT_STEPS', 'EDIT_FOLLOWS',
            'EDIT_TRIES', 'BASE_BUILDS', 'cell_primitive', 'cell_scene', 'cell_stream', 'band_program', 'band_source',
            'target_program', 'jitter_bands', 'repair_bands', 'revision_example', 'band_edges', 'edit_bands',
-           'edit_example', 'band_calls', 'copy_errors', 'warmup_cosine', 'BaseConfig', 'group_examples',
+           'band_move', 'edit_example', 'band_calls', 'copy_errors', 'warmup_cosine', 'BaseConfig', 'group_examples',
            'demonstrator_rng', 'step_examples', 'initial_model', 'pretrain_loop', 'train_base', 'build_base',
            'base_build']
 
@@ -270,6 +270,27 @@ def edit_bands(bands: list, step: float, direction: str, rng: np.random.Generato
     return pool[rng.integers(len(pool))] if pool else list(bands)
 
 
+def band_move(before: list, after: list) -> str | None:
+    """The answer `move(k, a, d)` (`pixrl.pix.agent_loop.apply_move`) that turns band list `before` into `after` when
+    they differ by one edge edit (`band_edges`): band `k` (from 1), the number `a` (from 1: y, h, x1, w1, …) that places
+    the moved edge, `d` cells up or right. None when they differ otherwise."""
+    diff = [i for i, (p, q) in enumerate(zip(before, after, strict=True)) if p != q]
+    if len(diff) != 1:
+        return None
+    i = diff[0]
+    p = [before[i][0], before[i][1], *(c for run in before[i][2] for c in run)]    # (2 + 2·runs,)
+    q = [after[i][0], after[i][1], *(c for run in after[i][2] for c in run)]      # (2 + 2·runs,)
+    if len(p) != len(q):
+        return None
+    js = [j for j, (u, v) in enumerate(zip(p, q)) if u != v]
+    j = js[0] if js else None
+    if js == [j] and j % 2 == 1:                                                   # top / right edge: its size alone
+        return f"move({i + 1}, {j + 1}, {_cell(q[j] - p[j])})"
+    if js == [j, j + 1] and j % 2 == 0 and q[j] - p[j] == p[j + 1] - q[j + 1]:     # bottom / left edge: position and size
+        return f"move({i + 1}, {j + 1}, {_cell(q[j] - p[j])})"
+    return None
+
+
 EDIT_TRIES = 20   # draws of the demonstrator's edit until `apply_edit` puts its line back where it was made (then as many undirected)
 
 def _edited_line(before: str, after: str) -> str | None:
@@ -283,9 +304,9 @@ def edit_example(scene, rng: np.random.Generator, step: float, prior: int, n: in
     copy after 0…`prior` undirected edits (`edit_bands`, direction BOTH), the prompt `revision_prompt`'s with the loop's
     feedback on it (`feedback`: "global", the loop's default, or "regions", `LoopConfig.feedback`) and the request of
     `revision` (`LoopConfig.revision`), the answer that attempt with one more edit that answers the feedback: its
-    direction, or one of the regions it names — the whole program, or with `revision` "edit" the one edited line
+    direction, or one of the regions it names — the whole program, with `revision` "edit" the one edited line
     (an edit `apply_edit` would put on another line — one that makes its line equal to another — is drawn again, up to
-    `EDIT_TRIES` times, then up to as many undirected edits)."""
+    `EDIT_TRIES` times, then up to as many undirected edits), with "move" the edge move `move(k, a, d)` (`band_move`)."""
     from pixrl.pix.agent_loop import (FEEDBACK_KINDS, REVISION_KINDS, _scripted_edit, apply_edit, material_direction,
                                       region_directions, region_sentence, revision_prompt)
     if not isinstance(prior, int) or prior < 0:
@@ -305,10 +326,16 @@ def edit_example(scene, rng: np.random.Generator, step: float, prior: int, n: in
     else:
         direction = material_direction(m["extra_um"], m["missing_um"])
         draw = lambda: edit_bands(prev, step, direction, rng, n)
-    answer = band_source(scene.footprint_um, draw(), n)
+    new = draw()
+    answer = band_source(scene.footprint_um, new, n)
     prompt = revision_prompt(build_prompt(scene, BASE_PROMPT_SPEC), src, fb, revision)
     if revision == "program":
         return prompt, format_answer(answer)
+    if revision == "move":
+        move = band_move(prev, new)
+        if move is None:
+            raise RuntimeError(f"edit_example: scene {scene.id!r} has no edge to move (its copy draws nothing)")
+        return prompt, format_answer(move)
     for k in range(2 * EDIT_TRIES):
         line = _edited_line(src, answer)
         if line is not None and apply_edit(src, line) == answer:
@@ -385,8 +412,8 @@ class BaseConfig:
     prior_edits: int = 2         # editing demonstrator: undirected edits made to the copy before it is shown as the attempt
     feedback: str = "global"     # editing demonstrator: the loop feedback its revisions answer, "global" or "regions"
                                  # (`pixrl.pix.agent_loop.LoopConfig.feedback`)
-    revision: str = "program"    # editing demonstrator: its revisions answer the whole program, or ("edit") the one edited
-                                 # line (`pixrl.pix.agent_loop.LoopConfig.revision`, `apply_edit`)
+    revision: str = "program"    # editing demonstrator: its revisions answer the whole program, ("edit") the one edited
+                                 # line, or ("move") the edge move (`pixrl.pix.agent_loop.LoopConfig.revision`, `apply_edit`)
 
     def __post_init__(self):
         if self.target not in TARGETS:
@@ -402,11 +429,12 @@ class BaseConfig:
             raise ValueError(f"BaseConfig.edit_step {self.edit_step!r}; accepted: 0 or one of {EDIT_STEPS} (cells)")
         if self.feedback not in ("global", "regions"):
             raise ValueError(f"BaseConfig.feedback {self.feedback!r}; accepted: 'global' or 'regions'")
-        if self.revision not in ("program", "edit"):
-            raise ValueError(f"BaseConfig.revision {self.revision!r}; accepted: 'program' or 'edit'")
-        if self.revision == "edit" and not self.edit_step:
-            raise ValueError(f"BaseConfig.revision 'edit' with edit_step {self.edit_step!r}: an edited line comes from the "
-                             f"editing demonstrator; accepted: edit_step in {EDIT_STEPS}")
+        from pixrl.pix.agent_loop import REVISION_KINDS
+        if self.revision not in REVISION_KINDS:
+            raise ValueError(f"BaseConfig.revision {self.revision!r}; accepted: {REVISION_KINDS}")
+        if self.revision != "program" and not self.edit_step:
+            raise ValueError(f"BaseConfig.revision {self.revision!r} with edit_step {self.edit_step!r}: an edited line or "
+                             f"a move comes from the editing demonstrator; accepted: edit_step in {EDIT_STEPS}")
         if not isinstance(self.prior_edits, int) or self.prior_edits < 0:
             raise ValueError(f"BaseConfig.prior_edits {self.prior_edits!r}; accepted: an int >= 0")
         if self.revise and not self.jitter and not self.edit_step:
@@ -569,6 +597,8 @@ BASE_BUILDS = {   # the committed bases: name → how `make base` builds it (nbs
     LINE_EDITOR_NAME: BaseConfig(init=BASE_NAME, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=4,
                                  max_chars=3000, revise=0.5, edit_step=0.5, prior_edits=2, feedback="regions",
                                  revision="edit"),
+    MOVER_NAME: BaseConfig(init=BASE_NAME, steps=400, lr=5e-4, warmup=1, min_lr_frac=1.0, seed=5,
+                           max_chars=3000, revise=0.5, edit_step=0.5, prior_edits=2, feedback="regions", revision="move"),
 }
 
 
