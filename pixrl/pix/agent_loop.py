@@ -132,7 +132,8 @@ def apply_move(program: str, k: int, a: int, d: float) -> str | None:
     """`program` with the edge that number `a` of its `k`-th `b(...)` call places (both from 1) moved by `d` cells:
     a bottom or left edge (odd `a`: `y`, `x_j`) moves that number by `d` and its size (the next number) by −`d`; a top or
     right edge (even `a`: `h`, `w_j`) moves its size by `d`. None when there is no such call or number, `|d|` is not
-    an `EDIT_STEPS` step, or the move leaves a size ≤ 0 or a position < 0."""
+    an `EDIT_STEPS` step, the call is not one of (y, h, x1, w1, …) (an odd count of numbers), or the move leaves a size
+    ≤ 0 or a position < 0."""
     from pixrl.pix.base import EDIT_STEPS, _cell
     rows = program.splitlines()
     calls = [i for i, row in enumerate(rows) if row.strip().startswith("b(") and row.strip().endswith(")")]
@@ -143,7 +144,7 @@ def apply_move(program: str, k: int, a: int, d: float) -> str | None:
         nums = [float(v) for v in row.strip()[2:-1].split(",")]      # (2 + 2·runs,): y, h, x1, w1, …
     except ValueError:
         return None
-    if not (1 <= a <= len(nums)):
+    if len(nums) % 2 or not (1 <= a <= len(nums)):                 # a call the policy wrote wrong: no pairs to move
         return None
     j = a - 1                                                        # 0-based: even j a position, odd j a size
     if j % 2 == 0:
