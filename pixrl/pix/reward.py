@@ -11,11 +11,11 @@ from .evaluator import EvalResult, Status, evaluate_many, REPRESENTATIONS
 
 # %% auto #0
 __all__ = ['SHAPED_V3B', 'AREA_GATE_FULL', 'SHAPED_POLICIES', 'REWARD_POLICIES', 'DEFAULT_REWARD', 'FENCE', 'THINK_OPEN',
-           'THINK_CLOSE', 'RectBaseline', 'ink_bbox', 'rect_mask', 'rect_baseline_program', 'rect_baseline',
-           'shaped_breakdown', 'shaped_v3b', 'raw_iou', 'chance_precision', 'ink_precision', 'precision_gate',
-           'shaped_v3c', 'target_blind_programs', 'mask_result', 'shifted_result', 'area_gate', 'shaped_v3d',
-           'ring_mask', 'area_hack_masks', 'band_variants', 'edit_masks', 'fenced_body', 'completion_text',
-           'answer_text', 'extract_program', 'make_reward_fn', 'batch_metrics']
+           'THINK_CLOSE', 'EDIT_REWARDS', 'RectBaseline', 'ink_bbox', 'rect_mask', 'rect_baseline_program',
+           'rect_baseline', 'shaped_breakdown', 'shaped_v3b', 'raw_iou', 'chance_precision', 'ink_precision',
+           'precision_gate', 'shaped_v3c', 'target_blind_programs', 'mask_result', 'shifted_result', 'area_gate',
+           'shaped_v3d', 'ring_mask', 'area_hack_masks', 'band_variants', 'edit_masks', 'fenced_body',
+           'completion_text', 'answer_text', 'extract_program', 'make_reward_fn', 'batch_metrics']
 
 # %% ../../nbs/pix/04_reward.ipynb #fefeeb5a
 SHAPED_V3B = {
@@ -376,18 +376,30 @@ def extract_program(completion) -> str:
     return body + "\n" if body.strip() else ""
 
 # %% ../../nbs/pix/04_reward.ipynb #a2cfef3b
+EDIT_REWARDS = ("revision", "gain")   # what an edit row earns (make_reward_fn edit_reward): the edited program's reward, or
+                                      # its gain over the program it edits, floored at 0 (the loop keeps only a strict gain)
+
 def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: str = "py",
-                   workers: int | None = None, limits: evaluator.Limits | None = None, edit_of: dict | None = None):
+                   workers: int | None = None, limits: evaluator.Limits | None = None, edit_of: dict | None = None,
+                   edit_reward: str = "revision"):
     """TRL reward callable `fn(prompts, completions, **kwargs) -> list[float]` (see the table above). `edit_of`: {task
     id: a program} for the rows whose completion is an edit of that program (a reviser answering with one corrected
-    line, `pixrl.pix.agent_loop.apply_edit`): the edited program is scored, an edit that does not apply as a program
-    the evaluator refused; a row whose task is not in `edit_of` (a plain task prompt beside them) is its own program."""
+    line or one move, `pixrl.pix.agent_loop.apply_edit`): the edited program is scored, an edit that does not apply as
+    a program the evaluator refused; a row whose task is not in `edit_of` (a plain task prompt beside them) is its own
+    program. `edit_reward` (`EDIT_REWARDS`): an edit row earns that score ("revision"), or ("gain") max(0, that score −
+    the score of the program it edits)."""
     if policy not in REWARD_POLICIES:
         raise ValueError(f"unknown reward policy {policy!r}; accepted: {REWARD_POLICIES}")
+    if edit_reward not in EDIT_REWARDS:
+        raise ValueError(f"unknown edit_reward {edit_reward!r}; accepted: {EDIT_REWARDS}")
     if representation not in REPRESENTATIONS:
         raise ValueError(f"unknown representation {representation!r}; accepted: {REPRESENTATIONS}")
     if not isinstance(tasks_by_id, dict):
         tasks_by_id = {t.id: t for t in tasks_by_id}
+    before = {}   # task id -> the score of the program its edits start from (edit_reward "gain"), scored once
+
+    def score(res, t):
+        return shaped_breakdown(res, rect_baseline(t), policy=policy)["reward"] if policy in SHAPED_POLICIES else raw_iou(res)
 
     def reward_fn(prompts=None, completions=None, **kwargs):
         completions = list(completions or [])
@@ -429,6 +441,12 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
         if callable(extra) and results:
             extra("pix_status", [Status(r.status).value for r in results])
             extra("pix_iou", [round(raw_iou(r), 4) for r in results])
+        if edit_of is not None and edit_reward == "gain":
+            todo = sorted({i for i in ids if i in edit_of and i not in before})
+            for i, res in zip(todo, evaluate_many([(tasks_by_id[i], edit_of[i], representation) for i in todo],
+                                                  workers=workers, limits=limits) if todo else []):
+                before[i] = score(res, tasks_by_id[i])
+            rewards = [max(0.0, r - before[i]) if i in edit_of else r for i, r in zip(ids, rewards)]
         return rewards
 
     reward_fn.__name__ = reward_fn.__qualname__ = policy
