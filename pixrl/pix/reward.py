@@ -376,8 +376,9 @@ def extract_program(completion) -> str:
     return body + "\n" if body.strip() else ""
 
 # %% ../../nbs/pix/04_reward.ipynb #a2cfef3b
-EDIT_REWARDS = ("revision", "gain")   # what an edit row earns (make_reward_fn edit_reward): the edited program's reward, or
-                                      # its gain over the program it edits, floored at 0 (the loop keeps only a strict gain)
+EDIT_REWARDS = ("revision", "gain", "gain_shared")   # what an edit row earns (make_reward_fn edit_reward): the edited program's
+                                                     # reward; its gain over the program it edits, floored at 0 (the loop keeps
+                                                     # only a strict gain); that gain shared among the call's identical answers
 
 def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: str = "py",
                    workers: int | None = None, limits: evaluator.Limits | None = None, edit_of: dict | None = None,
@@ -386,8 +387,9 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
     id: a program} for the rows whose completion is an edit of that program (a reviser answering with one corrected
     line or one move, `pixrl.pix.agent_loop.apply_edit`): the edited program is scored, an edit that does not apply as
     a program the evaluator refused; a row whose task is not in `edit_of` (a plain task prompt beside them) is its own
-    program. `edit_reward` (`EDIT_REWARDS`): an edit row earns that score ("revision"), or ("gain") max(0, that score −
-    the score of the program it edits)."""
+    program. `edit_reward` (`EDIT_REWARDS`): an edit row earns that score ("revision"), ("gain") max(0, that score −
+    the score of the program it edits), or ("gain_shared") that gain divided by the number of rows of the call with the
+    same task and the same edited program (a loop round's duplicate revisions add nothing beyond the first: they split its gain)."""
     if policy not in REWARD_POLICIES:
         raise ValueError(f"unknown reward policy {policy!r}; accepted: {REWARD_POLICIES}")
     if edit_reward not in EDIT_REWARDS:
@@ -441,12 +443,15 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
         if callable(extra) and results:
             extra("pix_status", [Status(r.status).value for r in results])
             extra("pix_iou", [round(raw_iou(r), 4) for r in results])
-        if edit_of is not None and edit_reward == "gain":
+        if edit_of is not None and edit_reward != "revision":
             todo = sorted({i for i in ids if i in edit_of and i not in before})
             for i, res in zip(todo, evaluate_many([(tasks_by_id[i], edit_of[i], representation) for i in todo],
                                                   workers=workers, limits=limits) if todo else []):
                 before[i] = score(res, tasks_by_id[i])
             rewards = [max(0.0, r - before[i]) if i in edit_of else r for i, r in zip(ids, rewards)]
+        if edit_of is not None and edit_reward == "gain_shared":
+            same = Counter(zip(ids, programs))                   # (task, edited program): rows of the call that drew it
+            rewards = [r / same[(i, p)] if i in edit_of else r for i, r, p in zip(ids, rewards, programs)]
         return rewards
 
     reward_fn.__name__ = reward_fn.__qualname__ = policy
