@@ -386,8 +386,10 @@ def loop_summary(rows: list[dict]) -> dict:
 
 def revision_stats(loop: dict) -> dict:
     """Over every revision of a loop record (a round's fresh attempts left out): how many, the share that ran (status
-    OK), and of those that ran, their IoU minus the IoU of the program they revised (mean; shares above and below 0)."""
-    n, change = 0, []
+    OK), and of those that ran, their IoU minus the IoU of the program they revised (mean; shares above and below 0);
+    and the mean count of distinct answers in a round (an edit's or a move's answer, else the program): the loop keeps
+    the best of a round, so a round of identical answers is worth one."""
+    n, change, distinct = 0, [], []
     for row in loop["tasks"]:
         rounds = row["rounds"]                                   # rounds[k] is round k: init, then each revision round
         for rd in rounds[1:]:
@@ -396,12 +398,14 @@ def revision_stats(loop: dict) -> dict:
             s = rd["seeded_by"]
             revised = attempt_iou(rounds[s["round"]]["attempts"][s["attempt"]])
             n += len(rd["attempts"])
+            distinct.append(len({a.get("edit", a.get("code", "")) for a in rd["attempts"]}))
             change += [attempt_iou(a) - revised for a in rd["attempts"] if a["status"] == "OK"]
     ran = len(change)
     return {"n_revisions": n, "share_ran": ran / n if n else 0.0,
             "mean_iou_change": sum(change) / ran if ran else None,
             "share_above": sum(c > 0 for c in change) / ran if ran else None,
-            "share_below": sum(c < 0 for c in change) / ran if ran else None}
+            "share_below": sum(c < 0 for c in change) / ran if ran else None,
+            "mean_distinct": sum(distinct) / len(distinct) if distinct else None}
 
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #e17783ea
