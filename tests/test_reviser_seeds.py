@@ -1,0 +1,74 @@
+"""reviser_seeds refuses runs of different recipes and untrained loops at another seed; its over-seed intervals are
+the runs' own paired differences' seed_ci, and it counts a seed as RL earning its keep only when both comparisons win."""
+import json
+from pathlib import Path
+
+import papermill as pm
+import pytest
+
+from pixrl.stats import seed_ci
+
+NBS = Path(__file__).resolve().parents[1] / "nbs"
+RUNS = NBS.parent / "runs"
+RUN = "reviser_train_move_shared_kl"          # a committed reviser_train run, copied below as three made-up seeds
+UNTRAINED = "agent_loop_mover"
+
+
+def _seeds(root: Path, shift: dict[int, float], verdicts: dict[int, tuple[str, str]], untrained_seed=lambda s: s) -> str:
+    """RUN copied under `root` at seeds 0, 1, 2 (r0, r1, r2), each with its untrained loop (u0, u1, u2, a copy of
+    UNTRAINED at seed `untrained_seed(s)`); seed s's three differences moved by shift[s], its verdicts against the
+    benchmark and the untrained loop set to verdicts[s]."""
+    for s in (0, 1, 2):
+        summ = json.loads((RUNS / RUN / "summary.json").read_text())
+        summ["record"]["seed"] = s
+        summ["vs_plain"]["diff"] += shift[s]
+        (vs_base,) = [v for v in summ["vs_records"].values() if v["other_kind"] == "pixrl.bench"]
+        vs_base["diff"] += shift[s]
+        vs_base["verdict"], summ["vs_untrained"]["verdict"] = verdicts[s]
+        summ["vs_untrained"]["diff"] += shift[s]
+        summ["vs_untrained"]["compare_to"] = f"u{s}"
+        (root / f"r{s}").mkdir()
+        (root / f"r{s}" / "summary.json").write_text(json.dumps(summ))
+        (root / f"r{s}" / "loop.json").write_text((RUNS / RUN / "loop.json").read_text())
+        loop = json.loads((RUNS / UNTRAINED / "loop.json").read_text())
+        loop["config"]["seed"] = untrained_seed(s)
+        (root / f"u{s}").mkdir()
+        (root / f"u{s}" / "loop.json").write_text(json.dumps(loop))
+    return "r2,r0,r1"                                                     # any order: sorted by seed
+
+
+def _text(out) -> str:
+    return "".join("".join(o.get("text", "")) for c in json.loads(out.read_text())["cells"] for o in c.get("outputs", []))
+
+
+def _run(tmp_path, runs, **params):
+    out = tmp_path / "out.ipynb"
+    pm.execute_notebook(str(NBS / "reviser_seeds.ipynb"), str(out), cwd=str(NBS), kernel_name="python3",
+                        progress_bar=False, parameters={"runs": runs, **params})
+    return _text(out)
+
+
+def test_refuses_runs_of_different_recipes(tmp_path):
+    with pytest.raises(pm.PapermillExecutionError, match="differ in more than seed"):
+        _run(tmp_path, "reviser_train_move_gain_kl,reviser_train_move_shared_kl", allow_dirty=True)
+
+
+def test_refuses_an_untrained_loop_at_another_seed(tmp_path):
+    runs = _seeds(tmp_path, {0: 0, 1: 0, 2: 0}, {s: ("improved", "improved") for s in (0, 1, 2)},
+                  untrained_seed=lambda s: 0)
+    with pytest.raises(pm.PapermillExecutionError, match=r"r2 \(seed 2\) was compared with u2 \(seed 0\)"):
+        _run(tmp_path, runs, runs_root=str(tmp_path))
+
+
+def test_over_seeds_is_the_runs_differences_seed_ci(tmp_path):
+    shift = {0: 0.0, 1: 0.004, 2: -0.002}
+    verdicts = {0: ("improved", "no difference detected"), 1: ("improved", "improved"), 2: ("no difference detected", "improved")}
+    text = _run(tmp_path, _seeds(tmp_path, shift, verdicts), runs_root=str(tmp_path))
+    summ = json.loads((RUNS / RUN / "summary.json").read_text())
+    diffs = []
+    for s in (0, 1, 2):                                                   # by a plain loop over the made-up seeds
+        diffs.append(summ["vs_untrained"]["diff"] + shift[s])
+    ci = seed_ci(diffs)
+    assert (f"trained loop − untrained loop: mean over 3 seeds {ci.mean:+.4f} (95% t-interval {ci.lo:+.4f} … "
+            f"{ci.hi:+.4f}): {ci.verdict}; improved at 2 of 3 seeds") in text
+    assert "RL earns its keep (beats pixrl-base (../runs/bench_base/bench.json) and the untrained loop, each 95% CI above 0) at 1 of 3 seeds" in text
