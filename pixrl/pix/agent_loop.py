@@ -260,7 +260,8 @@ class LoopConfig:
     n_init: int = 8                 # init round attempts per task
     n_rounds: int = 3               # revision rounds
     n_revisions: int = 4            # revisions per round, all seeded by the current champion
-    temperature: float = 1.0        # sampling temperature for every round
+    temperature: float = 1.0        # sampling temperature of the init round (and of every round, by default)
+    revision_temperature: float | None = None   # sampling temperature of the revision rounds (None: `temperature`)
     max_new_tokens: int | None = None  # completion budget per attempt (None: the policy's default)
     seed: int = 0                   # round r samples with seed + r
     representation: str = "py"      # program representation the evaluator runs
@@ -279,6 +280,8 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.n_rounds must be an int >= 0, got {self.n_rounds!r}")
         if not self.temperature >= 0:
             raise ValueError(f"LoopConfig.temperature must be >= 0, got {self.temperature!r}")
+        if self.revision_temperature is not None and not self.revision_temperature >= 0:
+            raise ValueError(f"LoopConfig.revision_temperature must be >= 0 or None (the init round's), got {self.revision_temperature!r}")
         if self.feedback not in FEEDBACK_KINDS:
             raise ValueError(f"LoopConfig.feedback {self.feedback!r}; accepted: {FEEDBACK_KINDS}")
         if self.revision not in REVISION_KINDS:
@@ -340,8 +343,9 @@ def _revise(policy, tasks: list[Task], rprompts: list[str], champions: list[str]
     return out
 
 def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(), spec=None,
-                   model: str | None = None) -> dict:
-    """Run the attempt → champion → feedback → revise protocol on `tasks`; returns the JSON record.
+                   model: str | None = None, reviser=None) -> dict:
+    """Run the attempt → champion → feedback → revise protocol on `tasks`; returns the JSON record. `reviser`: a second
+    policy that writes the revision rounds (None: `policy` writes every round); it must take `policy`'s prompts.
 
     Record: `kind, version, model, config, data_digest, tasks[...]` where each task holds its rounds
     (every attempt with code, status, metrics, reward; the feedback given) and its final `champion`
@@ -352,9 +356,13 @@ def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(),
     if not tasks:
         raise ValueError("run_agent_loop: no tasks given")
     spec = spec or getattr(policy, "prompt_spec", None) or PromptSpec(representation=config.representation)
+    if reviser is not None and getattr(reviser, "prompt_spec", spec) != spec:
+        raise ValueError(f"run_agent_loop: the reviser's prompt spec {reviser.prompt_spec} is not the attempts' {spec}; "
+                         "accepted: a reviser that takes the same prompts")
     prompts = task_prompts(policy, tasks, spec)
     gen = dict(temperature=config.temperature, max_new_tokens=config.max_new_tokens,
                representation=config.representation)
+    rgen = gen if config.revision_temperature is None else {**gen, "temperature": config.revision_temperature}
     with Timer() as timer:
         init = sample_and_verify(policy, tasks, prompts, config.n_init, seed=config.seed, **gen)
         rows = [_init_row(t, attempts) for t, attempts in zip(tasks, init)]
@@ -362,12 +370,13 @@ def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(),
             fbs = round_feedback(tasks, rows, config.feedback)
             rprompts = [revision_prompt(p, _code(row), fb, config.revision) if _code(row) else p   # no program: a fresh attempt
                         for p, row, fb in zip(prompts, rows, fbs)]
-            revs = _revise(policy, tasks, rprompts, [_code(row) for row in rows], config, r, gen)
+            revs = _revise(reviser or policy, tasks, rprompts, [_code(row) for row in rows], config, r, rgen)
             for row, fb, attempts in zip(rows, fbs, revs):
                 _add_revision(row, r, fb, attempts, fresh=not _code(row))
     for row in rows:
         _close_row(row)
-    return {"kind": LOOP_KIND, "version": 1, "model": model or getattr(policy, "name", None) or type(policy).__name__,
+    name = lambda p: getattr(p, "name", None) or type(p).__name__
+    return {"kind": LOOP_KIND, "version": 1, "model": model or name(policy), "reviser": name(reviser or policy),
             "config": dataclasses.asdict(config), "prompt_spec": dataclasses.asdict(spec),
             "policy_max_new_tokens": config.max_new_tokens or getattr(policy, "max_new_tokens", None),
             "data_digest": release_digest(), "wall_s": round(timer.seconds, 3),
@@ -714,7 +723,8 @@ def _cli_parser():
     d = LoopConfig()
     for f in dataclasses.fields(LoopConfig):
         v = getattr(d, f.name)
-        ap.add_argument("--" + f.name.replace("_", "-"), type=int if v is None else type(v), default=v)
+        kind = type(v) if v is not None else float if "float" in str(f.type) else int   # a None default: its annotation
+        ap.add_argument("--" + f.name.replace("_", "-"), type=kind, default=v)
     ap.add_argument("--prompt-from", help="model folder, release or export whose pixrl.json gives a served model's prompt format")
     ap.add_argument("--raster", type=int, help="prompt raster size for a served model (overrides the recorded one)")
     ap.add_argument("--no-api-doc", action="store_true", help="prompt without the API doc (as pixrl-tiny was trained)")

@@ -15,7 +15,7 @@ __all__ = ['SHAPED_V3B', 'AREA_GATE_FULL', 'SHAPED_POLICIES', 'REWARD_POLICIES',
            'rect_baseline', 'shaped_breakdown', 'shaped_v3b', 'raw_iou', 'chance_precision', 'ink_precision',
            'precision_gate', 'shaped_v3c', 'target_blind_programs', 'mask_result', 'shifted_result', 'area_gate',
            'shaped_v3d', 'ring_mask', 'area_hack_masks', 'band_variants', 'edit_masks', 'fenced_body',
-           'completion_text', 'answer_text', 'extract_program', 'make_reward_fn', 'batch_metrics']
+           'completion_text', 'answer_text', 'extract_program', 'make_reward_fn', 'batch_metrics', 'best_of_k_rewards']
 
 # %% ../../nbs/pix/04_reward.ipynb #fefeeb5a
 SHAPED_V3B = {
@@ -376,24 +376,29 @@ def extract_program(completion) -> str:
     return body + "\n" if body.strip() else ""
 
 # %% ../../nbs/pix/04_reward.ipynb #a2cfef3b
-EDIT_REWARDS = ("revision", "gain", "gain_shared")   # what an edit row earns (make_reward_fn edit_reward): the edited program's
-                                                     # reward; its gain over the program it edits, floored at 0 (the loop keeps
-                                                     # only a strict gain); that gain shared among the call's identical answers
+EDIT_REWARDS = ("revision", "gain", "gain_shared", "gain_best_of")   # what an edit row earns (make_reward_fn edit_reward): the
+                                    # edited program's reward; its gain over the program it edits, floored at 0 (the loop keeps
+                                    # only a strict gain); that gain shared among the call's identical answers; its share of the
+                                    # expected best gain of `best_of` of the task's rows (`best_of_k_rewards`)
 
 def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: str = "py",
                    workers: int | None = None, limits: evaluator.Limits | None = None, edit_of: dict | None = None,
-                   edit_reward: str = "revision"):
+                   edit_reward: str = "revision", best_of: int = 4):
     """TRL reward callable `fn(prompts, completions, **kwargs) -> list[float]` (see the table above). `edit_of`: {task
     id: a program} for the rows whose completion is an edit of that program (a reviser answering with one corrected
     line or one move, `pixrl.pix.agent_loop.apply_edit`): the edited program is scored, an edit that does not apply as
     a program the evaluator refused; a row whose task is not in `edit_of` (a plain task prompt beside them) is its own
     program. `edit_reward` (`EDIT_REWARDS`): an edit row earns that score ("revision"), ("gain") max(0, that score −
     the score of the program it edits), or ("gain_shared") that gain divided by the number of rows of the call with the
-    same task and the same edited program (a loop round's duplicate revisions add nothing beyond the first: they split its gain)."""
+    same task and the same edited program (a loop round's duplicate revisions add nothing beyond the first: they split its gain),
+    or ("gain_best_of") its share of the expected best gain of `best_of` rows drawn from the call's rows of its task
+    (`best_of_k_rewards`: a loop round of `best_of` revisions is worth its best one)."""
     if policy not in REWARD_POLICIES:
         raise ValueError(f"unknown reward policy {policy!r}; accepted: {REWARD_POLICIES}")
     if edit_reward not in EDIT_REWARDS:
         raise ValueError(f"unknown edit_reward {edit_reward!r}; accepted: {EDIT_REWARDS}")
+    if not isinstance(best_of, int) or isinstance(best_of, bool) or best_of < 1:
+        raise ValueError(f"best_of={best_of!r}; accepted: an int >= 1 (a loop round's revisions)")
     if representation not in REPRESENTATIONS:
         raise ValueError(f"unknown representation {representation!r}; accepted: {REPRESENTATIONS}")
     if not isinstance(tasks_by_id, dict):
@@ -452,6 +457,14 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
         if edit_of is not None and edit_reward == "gain_shared":
             same = Counter(zip(ids, programs))                   # (task, edited program): rows of the call that drew it
             rewards = [r / same[(i, p)] if i in edit_of else r for i, r, p in zip(ids, rewards, programs)]
+        if edit_of is not None and edit_reward == "gain_best_of":
+            rows = {}                                            # task id -> its edit rows in the call (a GRPO group)
+            for k, i in enumerate(ids):
+                if i in edit_of:
+                    rows.setdefault(i, []).append(k)
+            for ks in rows.values():
+                for k, r in zip(ks, best_of_k_rewards([rewards[k] for k in ks], best_of)):
+                    rewards[k] = r
         return rewards
 
     reward_fn.__name__ = reward_fn.__qualname__ = policy
@@ -470,3 +483,24 @@ def batch_metrics(results, breakdowns) -> dict:
     counts = Counter(Status(r.status).value for r in results)
     out.update({f"pix/status/{s}": counts.get(s, 0) / n for s in evaluator.STATUSES})
     return out
+
+# %% ../../nbs/pix/04_reward.ipynb #b0fk0002
+def best_of_k_rewards(values: list[float], k: int) -> list[float]:
+    """Per row of one group, its share of the expected best of `k` rows drawn without replacement: n · v_j · P(row j is the
+    draw's best), rows of equal value sharing equally; the mean of the result is E[max of k]. k > n: k = n."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"best_of_k_rewards: k={k!r}; accepted: an int >= 1")
+    n = len(values)
+    k = min(k, n)
+    order = sorted(range(n), key=lambda j: values[j])            # ascending; rank r = 1..n
+    share = [0.0] * n
+    r = 0
+    while r < n:                                                  # a run of equal values: ranks r+1 .. e
+        e = r
+        while e + 1 < n and values[order[e + 1]] == values[order[r]]:
+            e += 1
+        p = sum(math.comb(q, k - 1) for q in range(r, e + 1)) / math.comb(n, k) / (e - r + 1)   # C(rank-1, k-1) / C(n, k), averaged
+        for q in range(r, e + 1):
+            share[order[q]] = n * values[order[q]] * p
+        r = e + 1
+    return share
