@@ -39,6 +39,7 @@ CAMPAIGN_BAD = {
     "temperature": [0, -0.5, NAN, "1"],
     "max_new_tokens": [-5, 0, 1.5, "512"],
     "reward": ["iou", "", None],
+    "reward_best_of": [0, 2.0, True, "8"],
     "scale_rewards": ["std", 1],
     "loss_type": ["ppo", None],
     "beta": [-1.0, NAN, "0"],

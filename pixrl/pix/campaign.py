@@ -253,7 +253,8 @@ def run_stage(run_dir, k, report_to: str = "none") -> dict:
                        thinking=op["thinking"], reward=campaign_reward(c), **trl_settings(c),
                        fast_rollouts=c.get("fast_rollouts", CampaignConfig.fast_rollouts),
                        shared_prefix=c.get("shared_prefix", CampaignConfig.shared_prefix),
-                       vllm_mode=c.get("vllm_mode", CampaignConfig.vllm_mode), **report)
+                       vllm_mode=c.get("vllm_mode", CampaignConfig.vllm_mode),
+                       reward_best_of=c.get("reward_best_of", LATER_FIELDS["reward_best_of"]), **report)
     if not is_main_rank():                          # under accelerate launch: rank 0 alone probes and writes records
         return res
     write_text_atomic(run_dir / f"metrics_{k}.json", json.dumps(res["log_history"], indent=0))

@@ -36,7 +36,7 @@ def _as_levels(value):
 # %% ../../nbs/pix/09c_campaign_config.ipynb #0965d603
 # fields added after campaigns were recorded, with the value they had then: at that value they leave the
 # fingerprint unchanged, so a recorded state.json still matches its config
-LATER_FIELDS = {"num_iterations": 1, "num_processes": 1, "sft_batch": 16, "vllm_mode": "off"}
+LATER_FIELDS = {"num_iterations": 1, "num_processes": 1, "sft_batch": 16, "vllm_mode": "off", "reward_best_of": 1}
 # fields that do not change what trains: where a campaign is written, how often it checkpoints, the preflight's
 # control size, where its step metrics are reported, how its rollouts are computed (fast_rollouts: the same
 # completions, runs/b_fast; shared_prefix: the same loss to float rounding), whether it may run on a dirty tree
@@ -99,6 +99,8 @@ class CampaignConfig:
     temperature: float = setting(1.0, gt=0)                                     # GRPO rollouts' sampling temperature (top_k 0, top_p 1); probes sample at T 1
     max_new_tokens: int | None = setting(None, ge=1)                            # completion budget; None: the model's pixrl.json budget (C/D: THINK_MAX_NEW_TOKENS)
     reward: str = setting(DEFAULT_REWARD, choices=REWARD_POLICIES)              # reward policy GRPO trains on and the probes score: shaped_v3d | shaped_v3c | shaped_v3b | raw_iou
+    reward_best_of: int = setting(1, ge=1)                                      # 1: each completion earns its own reward; k > 1: its share of the expected best reward of k
+                                                                                # completions of its group (pixrl.pix.reward.best_of_k_rewards): GRPO for best-of-k sampling
     scale_rewards: str = setting("group", choices=SCALE_REWARDS)                # TRL scale_rewards: A = (r − mean_group)/(std_group + 1e-4) | "batch" std | "none"
     loss_type: str = setting("dapo", choices=LOSS_TYPES)                        # TRL loss_type: how token losses are aggregated ("dapo": over all tokens of the batch)
     beta: float = setting(0.0, ge=0)                                            # TRL beta: KL coefficient to the reference policy; 0 = no reference model is loaded

@@ -501,7 +501,7 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate:
              num_generations: int, groups_per_step: int, temperature: float, max_new_tokens: int | None, seed: int,
              save_steps: int, reward: str, scale_rewards: str, loss_type: str, beta: float, num_iterations: int,
              fast_rollouts: bool, replay_tasks: list = (), replay_share: float = 0.0, use_vllm: bool | None = None,
-             vllm_mode: str = "off", vllm_logprob_tol: float = VLLM_LOGPROB_TOL, shared_prefix: bool = False, callbacks: list = (), prompts: dict | None = None, edit_of: dict | None = None, edit_reward: str = "revision", best_of: int = 4, thinking: bool | None = None, report_to: str = "none",
+             vllm_mode: str = "off", vllm_logprob_tol: float = VLLM_LOGPROB_TOL, shared_prefix: bool = False, callbacks: list = (), prompts: dict | None = None, edit_of: dict | None = None, edit_reward: str = "revision", best_of: int = 4, reward_best_of: int = 1, thinking: bool | None = None, report_to: str = "none",
              project: str = "pixrl", run_name: str | None = None) -> dict:
     """One GRPO stage from `model_dir` on `tasks` (+ replay); resumes from the last checkpoint in `out_dir`.
     The knobs come from the campaign's `CampaignConfig` (no defaults here; `max_new_tokens=None`: the model's budget).
@@ -512,7 +512,8 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate:
     (`rl_dataset`; a reviser stage's revision prompts). `edit_of`: {task id: the program each completion edits} for a
     reviser answering with one corrected line or one move (`make_reward_fn(edit_of=...)`); `edit_reward`: what such a
     row earns, the edited program's reward or its gain over the program it edits (`EDIT_REWARDS`; "gain_best_of": the
-    share of the best of `best_of` rows, a loop round's revisions).
+    share of the best of `best_of` rows, a loop round's revisions). `reward_best_of` k > 1: a plain row earns its share
+    of the expected best reward of k rows of its group (`best_of_k_rewards`); 1: its own reward.
     Returns {final_dir, global_step, resumed_from_step, log_history, time_shares, seconds}."""
     if vllm_mode not in VLLM_MODES:
         raise ValueError(f"vllm_mode={vllm_mode!r}; accepted: {', '.join(VLLM_MODES)}")
@@ -526,7 +527,7 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate:
                          f"policy or a VLM of {SHARED_PREFIX_VLMS} (one image row per prompt row)")
     rows = replay_mix(tasks, list(replay_tasks), replay_share, seed)
     reward_fn = make_reward_fn({t.id: t for t in rows}, policy=reward, edit_of=edit_of, edit_reward=edit_reward,
-                               best_of=best_of)   # shaped_v3d | v3c | v3b | raw_iou
+                               best_of=best_of, reward_best_of=reward_best_of)   # shaped_v3d | v3c | v3b | raw_iou
     dataset = rl_dataset(policy, rows, prompts)                          # a missing prompt: refused before any server starts
     cfg = grpo_config(out_dir, steps, learning_rate=learning_rate, num_generations=num_generations,
                       groups_per_step=groups_per_step, temperature=temperature,

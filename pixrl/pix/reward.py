@@ -383,7 +383,7 @@ EDIT_REWARDS = ("revision", "gain", "gain_shared", "gain_best_of")   # what an e
 
 def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: str = "py",
                    workers: int | None = None, limits: evaluator.Limits | None = None, edit_of: dict | None = None,
-                   edit_reward: str = "revision", best_of: int = 4):
+                   edit_reward: str = "revision", best_of: int = 4, reward_best_of: int = 1):
     """TRL reward callable `fn(prompts, completions, **kwargs) -> list[float]` (see the table above). `edit_of`: {task
     id: a program} for the rows whose completion is an edit of that program (a reviser answering with one corrected
     line or one move, `pixrl.pix.agent_loop.apply_edit`): the edited program is scored, an edit that does not apply as
@@ -392,13 +392,17 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
     the score of the program it edits), or ("gain_shared") that gain divided by the number of rows of the call with the
     same task and the same edited program (a loop round's duplicate revisions add nothing beyond the first: they split its gain),
     or ("gain_best_of") its share of the expected best gain of `best_of` rows drawn from the call's rows of its task
-    (`best_of_k_rewards`: a loop round of `best_of` revisions is worth its best one)."""
+    (`best_of_k_rewards`: a loop round of `best_of` revisions is worth its best one). `reward_best_of` k > 1: every other
+    row (a plain task prompt) earns its share of the expected best reward of k rows drawn from the call's plain rows of
+    its task (`best_of_k_rewards`: RL for best-of-k sampling); 1: its own reward."""
     if policy not in REWARD_POLICIES:
         raise ValueError(f"unknown reward policy {policy!r}; accepted: {REWARD_POLICIES}")
     if edit_reward not in EDIT_REWARDS:
         raise ValueError(f"unknown edit_reward {edit_reward!r}; accepted: {EDIT_REWARDS}")
     if not isinstance(best_of, int) or isinstance(best_of, bool) or best_of < 1:
         raise ValueError(f"best_of={best_of!r}; accepted: an int >= 1 (a loop round's revisions)")
+    if not isinstance(reward_best_of, int) or isinstance(reward_best_of, bool) or reward_best_of < 1:
+        raise ValueError(f"reward_best_of={reward_best_of!r}; accepted: an int >= 1 (1: each row its own reward)")
     if representation not in REPRESENTATIONS:
         raise ValueError(f"unknown representation {representation!r}; accepted: {REPRESENTATIONS}")
     if not isinstance(tasks_by_id, dict):
@@ -464,6 +468,14 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
                     rows.setdefault(i, []).append(k)
             for ks in rows.values():
                 for k, r in zip(ks, best_of_k_rewards([rewards[k] for k in ks], best_of)):
+                    rewards[k] = r
+        if reward_best_of > 1:
+            plain = {}                                           # task id -> its plain rows in the call (a GRPO group)
+            for k, i in enumerate(ids):
+                if edit_of is None or i not in edit_of:
+                    plain.setdefault(i, []).append(k)
+            for ks in plain.values():
+                for k, r in zip(ks, best_of_k_rewards([rewards[k] for k in ks], reward_best_of)):
                     rewards[k] = r
         return rewards
 
