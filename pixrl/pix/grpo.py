@@ -12,6 +12,10 @@ import datasets
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 from peft import LoraConfig
+import warnings
+# TRL's GRPOTrainer calls transformers' deprecated `is_gradient_checkpointing` on every step; the warning names no
+# setting of pixrl's and filled recorded notebooks (runs/reviser_train_move_best4: 40 copies), so it is hidden here
+warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 from .policy import load_policy, save_policy, Policy, format_answer
 from .prompt import prompt_text, user_turn, thinking_kwargs
 from .reward import make_reward_fn, DEFAULT_REWARD

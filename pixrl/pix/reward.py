@@ -409,8 +409,11 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
         tasks_by_id = {t.id: t for t in tasks_by_id}
     before = {}   # task id -> the score of the program its edits start from (edit_reward "gain"), scored once
 
+    def reward_of(res, breakdown):   # the policy's reward of one result, from its breakdown under the policy (or the default)
+        return breakdown["reward"] if policy in SHAPED_POLICIES else raw_iou(res)
+
     def score(res, t):
-        return shaped_breakdown(res, rect_baseline(t), policy=policy)["reward"] if policy in SHAPED_POLICIES else raw_iou(res)
+        return reward_of(res, shaped_breakdown(res, rect_baseline(t), policy=policy if policy in SHAPED_POLICIES else DEFAULT_REWARD))
 
     def reward_fn(prompts=None, completions=None, **kwargs):
         completions = list(completions or [])
@@ -440,7 +443,7 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
         bds = {p: [shaped_breakdown(res, rect_baseline(t), policy=p) for res, t in zip(results, tasks)]
                for p in SHAPED_POLICIES}
         shaped = bds[policy if policy in SHAPED_POLICIES else DEFAULT_REWARD]
-        rewards = [b["reward"] for b in shaped] if policy in SHAPED_POLICIES else [raw_iou(res) for res in results]
+        rewards = [reward_of(res, b) for res, b in zip(results, shaped)]
         log = kwargs.get("log_metric")
         if callable(log) and results:
             for name, value in batch_metrics(results, shaped).items():
