@@ -409,6 +409,17 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
         tasks_by_id = {t.id: t for t in tasks_by_id}
     before = {}   # task id -> the score of the program its edits start from (edit_reward "gain"), scored once
 
+    def best_of_groups(ids, rewards, picked, k):   # each task's picked rows of the call (a GRPO group): best-of-k shares
+        groups = {}
+        for j, (i, p) in enumerate(zip(ids, picked)):
+            if p:
+                groups.setdefault(i, []).append(j)
+        out = list(rewards)
+        for js in groups.values():
+            for j, r in zip(js, best_of_k_rewards([rewards[j] for j in js], k)):
+                out[j] = r
+        return out
+
     def reward_of(res, breakdown):   # the policy's reward of one result, from its breakdown under the policy (or the default)
         return breakdown["reward"] if policy in SHAPED_POLICIES else raw_iou(res)
 
@@ -464,22 +475,11 @@ def make_reward_fn(tasks_by_id, policy: str = DEFAULT_REWARD, representation: st
         if edit_of is not None and edit_reward == "gain_shared":
             same = Counter(zip(ids, programs))                   # (task, edited program): rows of the call that drew it
             rewards = [r / same[(i, p)] if i in edit_of else r for i, r, p in zip(ids, rewards, programs)]
+        is_edit = [edit_of is not None and i in edit_of for i in ids]
         if edit_of is not None and edit_reward == "gain_best_of":
-            rows = {}                                            # task id -> its edit rows in the call (a GRPO group)
-            for k, i in enumerate(ids):
-                if i in edit_of:
-                    rows.setdefault(i, []).append(k)
-            for ks in rows.values():
-                for k, r in zip(ks, best_of_k_rewards([rewards[k] for k in ks], best_of)):
-                    rewards[k] = r
+            rewards = best_of_groups(ids, rewards, is_edit, best_of)
         if reward_best_of > 1:
-            plain = {}                                           # task id -> its plain rows in the call (a GRPO group)
-            for k, i in enumerate(ids):
-                if edit_of is None or i not in edit_of:
-                    plain.setdefault(i, []).append(k)
-            for ks in plain.values():
-                for k, r in zip(ks, best_of_k_rewards([rewards[k] for k in ks], reward_best_of)):
-                    rewards[k] = r
+            rewards = best_of_groups(ids, rewards, [not e for e in is_edit], reward_best_of)
         return rewards
 
     reward_fn.__name__ = reward_fn.__qualname__ = policy
