@@ -216,6 +216,13 @@ def test_sft_levels_outside_the_plan_refused(tmp_path):
         validate(CampaignConfig(arm="A", levels="0,1", sft_levels=(2,), runs_root=str(tmp_path)))
 
 
+def test_reward_best_of_refused_beyond_a_group_or_across_processes(tmp_path):
+    with pytest.raises(ValueError, match=r"reward_best_of=9 > num_generations=8.*accepted: 1 … 8"):
+        validate(CampaignConfig(reward_best_of=9, runs_root=str(tmp_path)))
+    with pytest.raises(ValueError, match=r"reward_best_of=8 with num_processes=2"):
+        validate(CampaignConfig(reward_best_of=8, num_processes=2, runs_root=str(tmp_path)))
+
+
 def test_cli_values_reach_validate_typed(tmp_path, capsys):
     "The CLI passes its flags typed; a bad one is refused (exit 2, the field named) before the preflight."
     a = _parser().parse_args(["run"])

@@ -196,6 +196,12 @@ def validate(cfg: CampaignConfig) -> RunPlan:
         src = Path(cfg.fork_from) / "state.json"
         if not src.exists():
             raise ValueError(f"fork_from={cfg.fork_from!r} holds no campaign state.json")
+    if cfg.reward_best_of > cfg.num_generations:
+        raise ValueError(f"reward_best_of={cfg.reward_best_of} > num_generations={cfg.num_generations}: a group has no best of "
+                         f"that many; accepted: 1 … {cfg.num_generations}")
+    if cfg.reward_best_of > 1 and cfg.num_processes > 1:
+        raise ValueError(f"reward_best_of={cfg.reward_best_of} with num_processes={cfg.num_processes}: each process scores "
+                         "its own rows, so a group's best would be taken over part of it; accepted: reward_best_of 1 or num_processes 1")
     check_num_processes(cfg.num_processes, cfg.groups_per_step * cfg.num_generations)
     check_vllm_mode(cfg.vllm_mode)
     if any(s.kind == "sft" for s in plan.stages):
