@@ -16,10 +16,10 @@ __all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_F
            'REVISION_ASKS', 'EDIT_REJECTED', 'LOOP_KIND', 'PLAIN_SEED_OFFSET', 'REGION_NAMES', 'REGION_MIN_SHARE',
            'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers', 'material_direction', 'closeness', 'feedback',
            'revision_prompt', 'apply_move', 'apply_edit', 'verify_edits', 'round_feedback', 'revision_prompts',
-           'LoopConfig', 'run_agent_loop', 'loop_summary', 'revision_stats', 'loop_budget', 'best_of_plain',
-           'loop_vs_plain', 'record_best', 'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence',
-           'scripted_loop', 'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks',
-           'served_meta', 'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
+           'LoopConfig', 'first_distinct', 'run_agent_loop', 'loop_summary', 'revision_stats', 'loop_budget',
+           'best_of_plain', 'loop_vs_plain', 'record_best', 'loop_vs_record', 'region_directions', 'region_feedback',
+           'region_sentence', 'scripted_loop', 'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy',
+           'resolve_tasks', 'served_meta', 'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #b634cf9c
 CLOSENESS_BUCKETS = (  # (lower IoU bound, sentence) — first match wins; the bounds never reach the text
@@ -270,6 +270,9 @@ class LoopConfig:
     revision: str = "program"       # REVISION_KINDS: a revision writes a whole program, ("edit") one corrected line of the
                                     # champion's program that the loop puts in (`apply_edit`), or ("move") one edge move of it
                                     # (`move(k, a, d)`, `apply_move`)
+    distinct_draws: int = 0         # edit or move revisions: answers drawn per round, of which the first `n_revisions` distinct
+                                    # ones are measured (`first_distinct`; 0: draw `n_revisions`, repeats kept). An answer is a
+                                    # few tokens, so drawing more costs little; the measured budget stays n_init + n_rounds · n_revisions
 
     def __post_init__(self):
         for name in ("n_init", "n_revisions"):
@@ -286,6 +289,12 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.feedback {self.feedback!r}; accepted: {FEEDBACK_KINDS}")
         if self.revision not in REVISION_KINDS:
             raise ValueError(f"LoopConfig.revision {self.revision!r}; accepted: {REVISION_KINDS}")
+        d = self.distinct_draws
+        if not isinstance(d, int) or isinstance(d, bool) or (d != 0 and d < self.n_revisions):
+            raise ValueError(f"LoopConfig.distinct_draws must be 0 or an int >= n_revisions ({self.n_revisions}), got {d!r}")
+        if d and self.revision == "program":
+            raise ValueError(f"LoopConfig.distinct_draws {d} with revision 'program' (each draw a whole program); "
+                             "accepted: 0, or revision 'edit' or 'move'")
 
 
 LOOP_KIND = "pixrl.agent_loop"
@@ -324,14 +333,32 @@ def _code(row: dict) -> str:
     "The champion's program, stripped ('' when it has none)."
     return (row["champion"].get("code") or "").strip()
 
+def first_distinct(answers: list[str], k: int) -> list[str]:
+    """The first `k` distinct answers of `answers` (draw order; answers that differ only in whitespace are one), then,
+    if fewer than `k` are distinct, the remaining draws in order until there are `k` (repeats). len(answers) >= k."""
+    if len(answers) < k:
+        raise ValueError(f"first_distinct: {len(answers)} answers for k {k}; accepted: at least k")
+    seen, chosen = set(), []
+    for i, a in enumerate(answers):                     # draw order
+        key = "".join(a.split())
+        if key not in seen and len(chosen) < k:
+            seen.add(key)
+            chosen.append(i)
+    rest = [i for i in range(len(answers)) if i not in chosen]
+    picked = sorted(chosen + rest[:k - len(chosen)])    # distinct first, repeats to fill, kept in draw order
+    return [answers[i] for i in picked]
+
 def _revise(policy, tasks: list[Task], rprompts: list[str], champions: list[str], config: LoopConfig, r: int, gen: dict):
     """Round `r`'s verified revisions: programs (`sample_and_verify`), or with `config.revision` "edit" or "move" each
-    answer put into its champion's program (`verify_edits`); a task without a champion program samples a fresh program."""
+    answer put into its champion's program (`verify_edits`); a task without a champion program samples a fresh program.
+    With `config.distinct_draws` the round draws that many answers and measures the first `n_revisions` distinct ones."""
     if config.revision == "program":
         return sample_and_verify(policy, tasks, rprompts, config.n_revisions, seed=config.seed + r, **gen)
-    texts = sample_completions(policy, tasks, rprompts, config.n_revisions, seed=config.seed + r,
+    texts = sample_completions(policy, tasks, rprompts, config.distinct_draws or config.n_revisions, seed=config.seed + r,
                                temperature=gen["temperature"], max_new_tokens=gen["max_new_tokens"])
-    answers = [[extract_program(c) for c in cs] for cs in texts]
+    answers = [[extract_program(c) for c in cs] for cs in texts]                    # per task: the round's draws
+    if config.distinct_draws:
+        answers = [first_distinct(a, config.n_revisions) for a in answers]          # per task: n_revisions answers
     edit = [i for i, c in enumerate(champions) if c]
     fresh = [i for i, c in enumerate(champions) if not c]
     out = [None] * len(tasks)
