@@ -13,8 +13,8 @@ from .prompt import PromptSpec, format_answer, prompt_image
 from .tiny import build_tiny_vlm, MODEL_IMAGE_SHAPE
 
 # %% auto #0
-__all__ = ['VL_BASE_SPEC', 'VL_CELLS', 'VLBaseConfig', 'initial_vl_model', 'step_scenes', 'vl_batch', 'train_vl_base',
-           'build_vl_base', 'looks']
+__all__ = ['VL_BASE_SPEC', 'VL_CELLS', 'VLBaseConfig', 'initial_vl_model', 'continued_vl_model', 'step_scenes', 'vl_batch',
+           'train_vl_base', 'build_vl_base', 'looks']
 
 # %% ../../nbs/pix/06b_base_vl.ipynb #c004
 VL_BASE_SPEC = PromptSpec(representation="py", api_doc=False, vision=True, image_size=MODEL_IMAGE_SHAPE[0])
@@ -38,6 +38,8 @@ class VLBaseConfig:
     ckpt_every: int = 100        # steps between checkpoints (resumable; the last two are kept)
     max_chars: int = 900         # scenes whose band program is longer are passed over (bounds padding)
     max_new_tokens: int = 400    # generation budget stored with the model (pixrl.json)
+    init_from: str = ""          # "": an untrained tower on `text_init`; else a built VL base (name or directory) whose
+                                 # weights the run continues from, on its own schedule (its patch and tower must be these)
 
     def __post_init__(self):
         S = VL_BASE_SPEC.image_size
@@ -53,6 +55,8 @@ class VLBaseConfig:
             raise ValueError(f"VLBaseConfig.vision_hidden {self.vision_hidden!r}; accepted: an even width (2 attention heads)")
         if not (isinstance(self.lr, (int, float)) and 0 < self.lr <= 1):
             raise ValueError(f"VLBaseConfig.lr {self.lr!r}; accepted: a learning rate in (0, 1]")
+        if not isinstance(self.init_from, str):
+            raise ValueError(f"VLBaseConfig.init_from {self.init_from!r}; accepted: '' or a VL base's name or directory")
         if not 0 <= self.min_lr_frac <= 1:
             raise ValueError(f"VLBaseConfig.min_lr_frac {self.min_lr_frac!r}; accepted: a fraction in [0, 1]")
 
@@ -74,6 +78,23 @@ def initial_vl_model(cfg: VLBaseConfig, out_dir) -> Path:
                           intermediate=tc["intermediate_size"], patch=cfg.patch, spec=VL_BASE_SPEC,
                           max_new_tokens=cfg.max_new_tokens, text_from=text_dir, number_tokens=True,
                           vision_hidden=cfg.vision_hidden, vision_layers=cfg.vision_layers)
+
+def continued_vl_model(cfg: VLBaseConfig, out_dir) -> Path:
+    """Copy the built VL base `cfg.init_from` to `out_dir`, the start of a run that continues it; a base whose tower is
+    not `cfg`'s (patch, width, depth) is refused, naming both."""
+    import shutil
+    from pixrl.pix.policy import resolve_model
+    src = Path(resolve_model(cfg.init_from))
+    vc = json.loads((src / "config.json").read_text()).get("vision_config")
+    if vc is None:
+        raise ValueError(f"VLBaseConfig.init_from {cfg.init_from!r}: not a vision-language model; accepted: a VL base")
+    have = (vc["patch_size"], vc["hidden_size"], vc["num_hidden_layers"])
+    want = (cfg.patch, cfg.vision_hidden, cfg.vision_layers)
+    if have != want:
+        raise ValueError(f"VLBaseConfig.init_from {cfg.init_from!r} has patch, tower width, depth {have}; accepted: a VL "
+                         f"base of this config's {want}")
+    shutil.copytree(src, out_dir)
+    return Path(out_dir)
 
 # %% ../../nbs/pix/06b_base_vl.ipynb #c009
 def step_scenes(cfg: VLBaseConfig, step: int) -> list:
@@ -112,7 +133,7 @@ def train_vl_base(cfg: VLBaseConfig, work_dir, verbose: bool = False, stop_after
     work = Path(work_dir)
     init = work / "init"
     if not (init / "model.safetensors").exists():
-        initial_vl_model(cfg, init)
+        (continued_vl_model if cfg.init_from else initial_vl_model)(cfg, init)
     set_seed(cfg.seed)
     policy = load_policy(str(init))
     log, info = pretrain_loop(cfg, policy.model, work, lambda step: vl_batch(policy, step_scenes(cfg, step), cfg.cells),
@@ -135,6 +156,10 @@ def build_vl_base(cfg: VLBaseConfig, out_dir, work_dir, verbose: bool = False) -
     meta["pretrain"] = {"config": dataclasses.asdict(cfg), "corpus": "pixrl.pix.base.cell_stream (disjoint from depth-v1)",
                         "target": f"band program on {cfg.cells} cells, through the image only", "final_loss": log[-1]["loss"],
                         "text_init_sha256": model_dir_sha256(resolve_model(cfg.text_init))}
+    if cfg.init_from:                                     # what the continued base was: its digest and its own pretraining
+        src = resolve_model(cfg.init_from)
+        meta["pretrain"]["init_from"] = {"sha256": model_dir_sha256(src),
+                                         "pretrain": json.loads((Path(src) / PIXRL_META).read_text()).get("pretrain")}
     (out / PIXRL_META).write_text(json.dumps(meta, indent=1))
     return {"params": info["params"], "log": log, "info": info, "sha256": model_dir_sha256(out)}
 
