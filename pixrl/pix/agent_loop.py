@@ -16,10 +16,11 @@ __all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_F
            'REVISION_ASKS', 'EDIT_REJECTED', 'LOOP_KIND', 'PLAIN_SEED_OFFSET', 'REGION_NAMES', 'REGION_MIN_SHARE',
            'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers', 'material_direction', 'closeness', 'feedback',
            'revision_prompt', 'apply_move', 'apply_edit', 'verify_edits', 'round_feedback', 'revision_prompts',
-           'LoopConfig', 'first_distinct', 'run_agent_loop', 'loop_summary', 'revision_stats', 'loop_budget',
-           'best_of_plain', 'loop_vs_plain', 'record_best', 'loop_vs_record', 'region_directions', 'region_feedback',
-           'region_sentence', 'scripted_loop', 'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy',
-           'resolve_tasks', 'served_meta', 'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
+           'LoopConfig', 'answer_key', 'first_distinct', 'run_agent_loop', 'loop_summary', 'revision_stats',
+           'loop_budget', 'best_of_plain', 'loop_vs_plain', 'record_best', 'loop_vs_record', 'region_directions',
+           'region_feedback', 'region_sentence', 'scripted_loop', 'check_loop_record', 'EndpointError',
+           'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta', 'served_prompt_spec', 'cli_prompt_spec',
+           'cli_main']
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #b634cf9c
 CLOSENESS_BUCKETS = (  # (lower IoU bound, sentence) — first match wins; the bounds never reach the text
@@ -333,6 +334,10 @@ def _code(row: dict) -> str:
     "The champion's program, stripped ('' when it has none)."
     return (row["champion"].get("code") or "").strip()
 
+def answer_key(answer: str) -> str:
+    "What makes two answers the same answer: their text without whitespace (`move(1, 2, 0.5)` is `move(1,2,0.5)`)."
+    return "".join(answer.split())
+
 def first_distinct(answers: list[str], k: int) -> list[str]:
     """The first `k` distinct answers of `answers` (draw order; answers that differ only in whitespace are one), then,
     if fewer than `k` are distinct, the remaining draws in order until there are `k` (repeats). len(answers) >= k."""
@@ -340,7 +345,7 @@ def first_distinct(answers: list[str], k: int) -> list[str]:
         raise ValueError(f"first_distinct: {len(answers)} answers for k {k}; accepted: at least k")
     seen, chosen = set(), []
     for i, a in enumerate(answers):                     # draw order
-        key = "".join(a.split())
+        key = answer_key(a)
         if key not in seen and len(chosen) < k:
             seen.add(key)
             chosen.append(i)
@@ -423,8 +428,8 @@ def loop_summary(rows: list[dict]) -> dict:
 def revision_stats(loop: dict) -> dict:
     """Over every revision of a loop record (a round's fresh attempts left out): how many, the share that ran (status
     OK), and of those that ran, their IoU minus the IoU of the program they revised (mean; shares above and below 0);
-    and the mean count of distinct answers in a round (an edit's or a move's answer, else the program): the loop keeps
-    the best of a round, so a round of identical answers is worth one."""
+    and the mean count of distinct answers in a round (an edit's or a move's answer, else the program; `answer_key`):
+    the loop keeps the best of a round, so a round of identical answers is worth one."""
     n, change, distinct = 0, [], []
     for row in loop["tasks"]:
         rounds = row["rounds"]                                   # rounds[k] is round k: init, then each revision round
@@ -434,7 +439,7 @@ def revision_stats(loop: dict) -> dict:
             s = rd["seeded_by"]
             revised = attempt_iou(rounds[s["round"]]["attempts"][s["attempt"]])
             n += len(rd["attempts"])
-            distinct.append(len({a.get("edit", a.get("code", "")) for a in rd["attempts"]}))
+            distinct.append(len({answer_key(a.get("edit", a.get("code", "")) or "") for a in rd["attempts"]}))
             change += [attempt_iou(a) - revised for a in rd["attempts"] if a["status"] == "OK"]
     ran = len(change)
     return {"n_revisions": n, "share_ran": ran / n if n else 0.0,
