@@ -15,10 +15,11 @@ RUN = "reviser_train_move_shared_kl"          # a committed reviser_train run, c
 UNTRAINED = "agent_loop_mover"
 
 
-def _seeds(root: Path, shift: dict[int, float], verdicts: dict[int, tuple[str, str]], untrained_seed=lambda s: s) -> str:
+def _seeds(root: Path, shift: dict[int, float], verdicts: dict[int, tuple[str, str]], untrained_seed=lambda s: s,
+           untrained_config: dict | None = None) -> str:
     """RUN copied under `root` at seeds 0, 1, 2 (r0, r1, r2), each with its untrained loop (u0, u1, u2, a copy of
     UNTRAINED at seed `untrained_seed(s)`); seed s's three differences moved by shift[s], its verdicts against the
-    benchmark and the untrained loop set to verdicts[s]."""
+    benchmark and the untrained loop set to verdicts[s]; `untrained_config` overrides fields of the untrained loops' configs."""
     for s in (0, 1, 2):
         summ = json.loads((RUNS / RUN / "summary.json").read_text())
         summ["record"]["seed"] = s
@@ -33,6 +34,7 @@ def _seeds(root: Path, shift: dict[int, float], verdicts: dict[int, tuple[str, s
         (root / f"r{s}" / "loop.json").write_text((RUNS / RUN / "loop.json").read_text())
         loop = json.loads((RUNS / UNTRAINED / "loop.json").read_text())
         loop["config"]["seed"] = untrained_seed(s)
+        loop["config"].update(untrained_config or {})
         (root / f"u{s}").mkdir()
         (root / f"u{s}" / "loop.json").write_text(json.dumps(loop))
     return "r2,r0,r1"                                                     # any order: sorted by seed
@@ -61,6 +63,13 @@ def test_refuses_an_untrained_loop_at_another_seed(tmp_path):
         _run(tmp_path, runs, runs_root=str(tmp_path))
 
 
+@pytest.mark.parametrize("other", [{"n_rounds": 12, "n_revisions": 1}, {"distinct_draws": 16}, {"distinct_draws": 16, "untried": True}])
+def test_refuses_an_untrained_loop_of_another_shape(tmp_path, other):
+    runs = _seeds(tmp_path, {0: 0, 1: 0, 2: 0}, {s: ("improved", "improved") for s in (0, 1, 2)}, untrained_config=other)
+    with pytest.raises(pm.PapermillExecutionError, match=r"r2 \(a loop of shape .*was compared with u2 \(shape .*accepted: the untrained loop spending"):
+        _run(tmp_path, runs, runs_root=str(tmp_path))
+
+
 def test_over_seeds_is_the_runs_differences_seed_ci(tmp_path):
     shift = {0: 0.0, 1: 0.004, 2: -0.002}
     verdicts = {0: ("improved", "no difference detected"), 1: ("improved", "improved"), 2: ("no difference detected", "improved")}
@@ -82,3 +91,15 @@ def test_over_seeds_is_the_runs_differences_seed_ci(tmp_path):
     d = sum(mine[t] - best[t] for t in mine) / len(mine)
     assert (f"untrained loop − pixrl-base (../runs/bench_base/bench.json): mean over 3 seeds {d:+.4f} (95% t-interval "
             f"{d:+.4f} … {d:+.4f}): above 0; improved at 3 of 3 seeds") in text
+
+
+def test_reviser_train_refuses_an_untrained_loop_of_another_shape_before_training(tmp_path):
+    "reviser_train's compare_to loop is checked against the run's loop shape before any model loads or folder is made."
+    out = tmp_path / "out.ipynb"
+    with pytest.raises(pm.PapermillExecutionError, match=r"compare_to 'agent_loop_mover' is a loop of shape .*'n_rounds': 3"
+                                                           r".*accepted: an untrained loop of this run's shape .*'n_rounds': 12"):
+        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(out), cwd=str(NBS), kernel_name="python3", progress_bar=False,
+                            parameters={"model": "pixrl-base-mover", "feedback": "regions", "revision": "move", "n_rounds": 12,
+                                        "n_revisions": 1, "compare_to": "agent_loop_mover", "run_name": "never_made",
+                                        "allow_dirty": True})
+    assert not (RUNS / "never_made").exists()

@@ -13,14 +13,14 @@ from .tasks import Task, release_digest
 
 # %% auto #0
 __all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'FEEDBACK_KINDS', 'REVISION_KINDS',
-           'REVISION_ASKS', 'EDIT_REJECTED', 'LOOP_KIND', 'PLAIN_SEED_OFFSET', 'REGION_NAMES', 'REGION_MIN_SHARE',
-           'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers', 'material_direction', 'closeness', 'feedback',
-           'revision_prompt', 'apply_move', 'apply_edit', 'verify_edits', 'round_feedback', 'revision_prompts',
-           'LoopConfig', 'answer_key', 'first_distinct', 'run_agent_loop', 'loop_summary', 'revision_stats',
-           'loop_budget', 'best_of_plain', 'loop_vs_plain', 'record_best', 'loop_vs_record', 'region_directions',
-           'region_feedback', 'region_sentence', 'scripted_loop', 'check_loop_record', 'EndpointError',
-           'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta', 'served_prompt_spec', 'cli_prompt_spec',
-           'cli_main']
+           'REVISION_ASKS', 'EDIT_REJECTED', 'LOOP_KIND', 'PLAIN_SEED_OFFSET', 'LOOP_SHAPE', 'REGION_NAMES',
+           'REGION_MIN_SHARE', 'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers', 'material_direction', 'closeness',
+           'feedback', 'revision_prompt', 'apply_move', 'apply_edit', 'verify_edits', 'round_feedback',
+           'revision_prompts', 'LoopConfig', 'answer_key', 'first_distinct', 'tried_answers', 'run_agent_loop',
+           'loop_summary', 'revision_stats', 'loop_budget', 'loop_shape', 'best_of_plain', 'loop_vs_plain',
+           'record_best', 'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence', 'scripted_loop',
+           'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta',
+           'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #b634cf9c
 CLOSENESS_BUCKETS = (  # (lower IoU bound, sentence) — first match wins; the bounds never reach the text
@@ -274,6 +274,9 @@ class LoopConfig:
     distinct_draws: int = 0         # edit or move revisions: answers drawn per round, of which the first `n_revisions` distinct
                                     # ones are measured (`first_distinct`; 0: draw `n_revisions`, repeats kept). An answer is a
                                     # few tokens, so drawing more costs little; the measured budget stays n_init + n_rounds · n_revisions
+    untried: bool = False           # with distinct_draws: an answer already measured on the champion a round revises (it did not
+                                    # beat it: the champion is unchanged) is skipped like a repeat (`tried_answers`), so a round of
+                                    # one revision measures the reviser's next new answer, not its favourite again
 
     def __post_init__(self):
         for name in ("n_init", "n_revisions"):
@@ -293,6 +296,11 @@ class LoopConfig:
         d = self.distinct_draws
         if not isinstance(d, int) or isinstance(d, bool) or (d != 0 and d < self.n_revisions):
             raise ValueError(f"LoopConfig.distinct_draws must be 0 or an int >= n_revisions ({self.n_revisions}), got {d!r}")
+        if not isinstance(self.untried, bool):
+            raise ValueError(f"LoopConfig.untried must be a bool, got {self.untried!r}")
+        if self.untried and not d:
+            raise ValueError(f"LoopConfig.untried {self.untried!r} with distinct_draws 0; accepted: untried with distinct_draws "
+                             f">= n_revisions ({self.n_revisions}), or untried False")
         if d and self.revision == "program":
             raise ValueError(f"LoopConfig.distinct_draws {d} with revision 'program' (each draw a whole program); "
                              "accepted: 0, or revision 'edit' or 'move'")
@@ -338,12 +346,13 @@ def answer_key(answer: str) -> str:
     "What makes two answers the same answer: their text without whitespace (`move(1, 2, 0.5)` is `move(1,2,0.5)`)."
     return "".join(answer.split())
 
-def first_distinct(answers: list[str], k: int) -> list[str]:
-    """The first `k` distinct answers of `answers` (draw order; answers that differ only in whitespace are one), then,
-    if fewer than `k` are distinct, the remaining draws in order until there are `k` (repeats). len(answers) >= k."""
+def first_distinct(answers: list[str], k: int, tried: list[str] = ()) -> list[str]:
+    """The first `k` distinct answers of `answers` that are not in `tried` (draw order; answers that differ only in
+    whitespace are one), then, if fewer than `k` are new, the remaining draws in order until there are `k` (repeats, or
+    tried answers). len(answers) >= k."""
     if len(answers) < k:
         raise ValueError(f"first_distinct: {len(answers)} answers for k {k}; accepted: at least k")
-    seen, chosen = set(), []
+    seen, chosen = {answer_key(t) for t in tried}, []
     for i, a in enumerate(answers):                     # draw order
         key = answer_key(a)
         if key not in seen and len(chosen) < k:
@@ -353,17 +362,27 @@ def first_distinct(answers: list[str], k: int) -> list[str]:
     picked = sorted(chosen + rest[:k - len(chosen)])    # distinct first, repeats to fill, kept in draw order
     return [answers[i] for i in picked]
 
-def _revise(policy, tasks: list[Task], rprompts: list[str], champions: list[str], config: LoopConfig, r: int, gen: dict):
+def tried_answers(row: dict) -> list[str]:
+    """The edit or move answers already measured on `row`'s current champion: every answer of the revision rounds it
+    seeded (none beat it, or it would not be champion). A round that sampled fresh programs answers nothing here."""
+    c = row["champion"]
+    return [a.get("edit") or "" for rd in row["rounds"][1:] if not rd.get("fresh_attempt")
+            and rd["seeded_by"] == {"round": c["round"], "attempt": c["attempt"]} for a in rd["attempts"]]
+
+def _revise(policy, tasks: list[Task], rprompts: list[str], champions: list[str], config: LoopConfig, r: int, gen: dict,
+            tried: list[list[str]] | None = None):
     """Round `r`'s verified revisions: programs (`sample_and_verify`), or with `config.revision` "edit" or "move" each
     answer put into its champion's program (`verify_edits`); a task without a champion program samples a fresh program.
-    With `config.distinct_draws` the round draws that many answers and measures the first `n_revisions` distinct ones."""
+    With `config.distinct_draws` the round draws that many answers and measures the first `n_revisions` distinct ones,
+    with `config.untried` the first not in the task's `tried` (`tried_answers`) either."""
     if config.revision == "program":
         return sample_and_verify(policy, tasks, rprompts, config.n_revisions, seed=config.seed + r, **gen)
     texts = sample_completions(policy, tasks, rprompts, config.distinct_draws or config.n_revisions, seed=config.seed + r,
                                temperature=gen["temperature"], max_new_tokens=gen["max_new_tokens"])
     answers = [[extract_program(c) for c in cs] for cs in texts]                    # per task: the round's draws
     if config.distinct_draws:
-        answers = [first_distinct(a, config.n_revisions) for a in answers]          # per task: n_revisions answers
+        tried = tried if config.untried else [[] for _ in tasks]
+        answers = [first_distinct(a, config.n_revisions, t) for a, t in zip(answers, tried)]   # per task: n_revisions answers
     edit = [i for i, c in enumerate(champions) if c]
     fresh = [i for i, c in enumerate(champions) if not c]
     out = [None] * len(tasks)
@@ -402,7 +421,8 @@ def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(),
             fbs = round_feedback(tasks, rows, config.feedback)
             rprompts = [revision_prompt(p, _code(row), fb, config.revision) if _code(row) else p   # no program: a fresh attempt
                         for p, row, fb in zip(prompts, rows, fbs)]
-            revs = _revise(reviser or policy, tasks, rprompts, [_code(row) for row in rows], config, r, rgen)
+            revs = _revise(reviser or policy, tasks, rprompts, [_code(row) for row in rows], config, r, rgen,
+                           [tried_answers(row) for row in rows])
             for row, fb, attempts in zip(rows, fbs, revs):
                 _add_revision(row, r, fb, attempts, fresh=not _code(row))
     for row in rows:
@@ -455,6 +475,16 @@ PLAIN_SEED_OFFSET = 1000   # the extra plain attempts' seed: config.seed + this 
 def loop_budget(config: dict) -> int:
     "Samples the loop drew per task: n_init + n_rounds · n_revisions."
     return config["n_init"] + config["n_rounds"] * config["n_revisions"]
+
+LOOP_SHAPE = ("n_init", "n_rounds", "n_revisions", "feedback", "revision", "distinct_draws", "untried")
+
+def loop_shape(loop) -> dict:
+    """How a loop spends its budget: the `LOOP_SHAPE` fields of a `LoopConfig` or of a loop record's config (a field
+    added after the record was made: its default) — what two loops must share for their difference to be their
+    policies' (the seed, temperatures and token budget are not part of it)."""
+    c = dataclasses.asdict(loop) if isinstance(loop, LoopConfig) else loop["config"]
+    default = dataclasses.asdict(LoopConfig())
+    return {k: c.get(k, default[k]) for k in LOOP_SHAPE}
 
 def best_of_plain(policy, tasks: list[Task], loop: dict) -> list[float]:
     """Per task of `loop` (in its order): the best IoU of `loop_budget` plain attempts from the task prompt — the
@@ -756,6 +786,9 @@ def _cli_parser():
     for f in dataclasses.fields(LoopConfig):
         v = getattr(d, f.name)
         kind = type(v) if v is not None else float if "float" in str(f.type) else int   # a None default: its annotation
+        if isinstance(v, bool):                                                          # --untried / --no-untried
+            ap.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction, default=v)
+            continue
         ap.add_argument("--" + f.name.replace("_", "-"), type=kind, default=v)
     ap.add_argument("--prompt-from", help="model folder, release or export whose pixrl.json gives a served model's prompt format")
     ap.add_argument("--raster", type=int, help="prompt raster size for a served model (overrides the recorded one)")
