@@ -277,6 +277,8 @@ class LoopConfig:
     untried: bool = False           # with distinct_draws: an answer already measured on the champion a round revises (it did not
                                     # beat it: the champion is unchanged) is skipped like a repeat (`tried_answers`), so a round of
                                     # one revision measures the reviser's next new answer, not its favourite again
+    revision_max_new_tokens: int | None = None   # completion budget of the revision rounds (None: `max_new_tokens`'s). A move or
+                                    # an edit is a few tokens; a draw that does not stop runs its whole batch to the budget
 
     def __post_init__(self):
         for name in ("n_init", "n_revisions"):
@@ -289,6 +291,9 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.temperature must be >= 0, got {self.temperature!r}")
         if self.revision_temperature is not None and not self.revision_temperature >= 0:
             raise ValueError(f"LoopConfig.revision_temperature must be >= 0 or None (the init round's), got {self.revision_temperature!r}")
+        b = self.revision_max_new_tokens
+        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 1):
+            raise ValueError(f"LoopConfig.revision_max_new_tokens must be None (the first attempts' budget) or an int >= 1, got {b!r}")
         if self.feedback not in FEEDBACK_KINDS:
             raise ValueError(f"LoopConfig.feedback {self.feedback!r}; accepted: {FEEDBACK_KINDS}")
         if self.revision not in REVISION_KINDS:
@@ -413,7 +418,8 @@ def run_agent_loop(policy, tasks: list[Task], config: LoopConfig = LoopConfig(),
     prompts = task_prompts(policy, tasks, spec)
     gen = dict(temperature=config.temperature, max_new_tokens=config.max_new_tokens,
                representation=config.representation)
-    rgen = gen if config.revision_temperature is None else {**gen, "temperature": config.revision_temperature}
+    rgen = {**gen, **({} if config.revision_temperature is None else {"temperature": config.revision_temperature}),
+            **({} if config.revision_max_new_tokens is None else {"max_new_tokens": config.revision_max_new_tokens})}
     with Timer() as timer:
         init = sample_and_verify(policy, tasks, prompts, config.n_init, seed=config.seed, **gen)
         rows = [_init_row(t, attempts) for t, attempts in zip(tasks, init)]
