@@ -103,3 +103,11 @@ def test_reviser_train_refuses_an_untrained_loop_of_another_shape_before_trainin
                                         "n_revisions": 1, "compare_to": "agent_loop_mover", "run_name": "never_made",
                                         "allow_dirty": True})
     assert not (RUNS / "never_made").exists()
+
+
+def test_reviser_train_refuses_a_missing_untrained_loop_by_name(tmp_path):
+    with pytest.raises(pm.PapermillExecutionError, match=r"compare_to 'no_such_loop': loop record .*no_such_loop/loop.json does not exist"):
+        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS), kernel_name="python3",
+                            progress_bar=False, parameters={"compare_to": "no_such_loop", "run_name": "never_made",
+                                                            "allow_dirty": True})
+    assert not (RUNS / "never_made").exists()

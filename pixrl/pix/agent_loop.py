@@ -375,7 +375,7 @@ def tried_answers(row: dict) -> list[str]:
             and rd["seeded_by"] == {"round": c["round"], "attempt": c["attempt"]} for a in rd["attempts"]]
 
 def _revise(policy, tasks: list[Task], rprompts: list[str], champions: list[str], config: LoopConfig, r: int, gen: dict,
-            tried: list[list[str]] | None = None):
+            tried: list[list[str]]):
     """Round `r`'s verified revisions: programs (`sample_and_verify`), or with `config.revision` "edit" or "move" each
     answer put into its champion's program (`verify_edits`); a task without a champion program samples a fresh program.
     With `config.distinct_draws` the round draws that many answers and measures the first `n_revisions` distinct ones,
