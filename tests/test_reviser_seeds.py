@@ -111,3 +111,56 @@ def test_reviser_train_refuses_a_missing_untrained_loop_by_name(tmp_path):
                             progress_bar=False, parameters={"compare_to": "no_such_loop", "run_name": "never_made",
                                                             "allow_dirty": True})
     assert not (RUNS / "never_made").exists()
+
+
+def _all_text(out) -> str:
+    "Printed text and the plain-text form of displayed tables."
+    cells = json.loads(out.read_text())["cells"]
+    return "".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", "")) for c in cells
+                   for o in c.get("outputs", []))
+
+
+def _champions_plain(loop: dict) -> dict[str, list[float]]:
+    "By a plain loop: each task's champion IoU after each round (first best reward in a round; replaced only if strictly better)."
+    out = {}
+    for row in loop["tasks"]:
+        champ = None
+        seen = []
+        for rd in row["rounds"]:
+            top = None
+            for a in rd["attempts"]:
+                if top is None or a["reward"] > top["reward"]:
+                    top = a
+            if champ is None or top["reward"] > champ["reward"]:
+                champ = top
+            seen.append(attempt_iou(champ))
+        out[row["task_id"]] = seen
+    return out
+
+
+def test_by_round_is_the_paired_champion_difference(tmp_path):
+    runs = _seeds(tmp_path, {0: 0, 1: 0, 2: 0}, {s: ("improved", "improved") for s in (0, 1, 2)})
+    out = tmp_path / "out.ipynb"
+    pm.execute_notebook(str(NBS / "reviser_seeds.ipynb"), str(out), cwd=str(NBS), kernel_name="python3",
+                        progress_bar=False, parameters={"runs": runs, "runs_root": str(tmp_path)})
+    text = _all_text(out)
+    trained = _champions_plain(json.loads((RUNS / RUN / "loop.json").read_text()))
+    untrained = _champions_plain(json.loads((RUNS / UNTRAINED / "loop.json").read_text()))
+    n_rounds = len(next(iter(trained.values())))
+    d = [sum(trained[t][k] - untrained[t][k] for t in trained) / len(trained) for k in range(n_rounds)]
+    assert abs(d[-1]) > 1e-4                                              # the loops differ by the end: the check can fail
+    for k in range(n_rounds):                                             # seed 0's column: the mean, then its bootstrap CI
+        assert f"{d[k]:+.4f} [" in text, (k, d[k])
+    last = d[-1]                                                          # three identical seeds: an interval of no width
+    assert (f"after the last round ({n_rounds - 1}): trained − untrained {last:+.4f} (95% t-interval {last:+.4f} … "
+            f"{last:+.4f})") in text
+
+
+def test_by_round_refuses_seeds_whose_loops_differ_in_shape(tmp_path):
+    runs = _seeds(tmp_path, {0: 0, 1: 0, 2: 0}, {s: ("improved", "improved") for s in (0, 1, 2)})
+    for name in ("r2", "u2"):                                             # seed 2's pair agrees with itself, not with seeds 0, 1
+        loop = json.loads((tmp_path / name / "loop.json").read_text())
+        loop["config"]["distinct_draws"] = 16
+        (tmp_path / name / "loop.json").write_text(json.dumps(loop))
+    with pytest.raises(pm.PapermillExecutionError, match=r"the runs' loops spend their budget differently.*accepted: one loop shape"):
+        _run(tmp_path, runs, runs_root=str(tmp_path))

@@ -17,10 +17,10 @@ __all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_F
            'REGION_MIN_SHARE', 'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers', 'material_direction', 'closeness',
            'feedback', 'revision_prompt', 'apply_move', 'apply_edit', 'verify_edits', 'round_feedback',
            'revision_prompts', 'LoopConfig', 'answer_key', 'first_distinct', 'tried_answers', 'run_agent_loop',
-           'loop_summary', 'revision_stats', 'loop_budget', 'loop_shape', 'best_of_plain', 'loop_vs_plain',
-           'record_best', 'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence', 'scripted_loop',
-           'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta',
-           'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
+           'loop_summary', 'revision_stats', 'champion_by_round', 'loop_budget', 'loop_shape', 'best_of_plain',
+           'loop_vs_plain', 'record_best', 'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence',
+           'scripted_loop', 'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks',
+           'served_meta', 'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #b634cf9c
 CLOSENESS_BUCKETS = (  # (lower IoU bound, sentence) — first match wins; the bounds never reach the text
@@ -318,6 +318,11 @@ def _pick_champion(attempts: list[dict]) -> int:
     "Index of the highest shaped reward; the earliest wins ties (deterministic)."
     return max(range(len(attempts)), key=lambda i: (attempts[i]["reward"], -i))
 
+def _round_winner(attempts: list[dict], champion_reward: float) -> int | None:
+    "The attempt of a revision round that becomes champion: the round's best (`_pick_champion`) if strictly better, else None."
+    c = _pick_champion(attempts)
+    return c if attempts[c]["reward"] > champion_reward else None
+
 def _init_row(task: Task, attempts: list[dict]) -> dict:
     "A task's record after the init round: its attempts and its first champion."
     c = _pick_champion(attempts)
@@ -332,8 +337,8 @@ def _add_revision(row: dict, r: int, fb: str, attempts: list[dict], fresh: bool 
     row["rounds"].append({"round": r, "kind": "revision", "feedback": fb,
                           "seeded_by": {"round": row["champion"]["round"], "attempt": row["champion"]["attempt"]},
                           "attempts": attempts, **({"fresh_attempt": True} if fresh else {})})
-    c = _pick_champion(attempts)
-    if attempts[c]["reward"] > row["champion"]["reward"]:  # strictly better only
+    c = _round_winner(attempts, row["champion"]["reward"])
+    if c is not None:
         row["champion"] = {**attempts[c], "round": r, "attempt": c}
     row["champion_reward_by_round"].append(row["champion"]["reward"])
 
@@ -473,6 +478,30 @@ def revision_stats(loop: dict) -> dict:
             "share_above": sum(c > 0 for c in change) / ran if ran else None,
             "share_below": sum(c < 0 for c in change) / ran if ran else None,
             "mean_distinct": sum(distinct) / len(distinct) if distinct else None}
+
+
+# %% ../../nbs/pix/11_agent_loop.ipynb #467d4f6b
+def champion_by_round(loop: dict, where: str = "loop record") -> list[list[float]]:
+    """Per task of a loop record (its order), the champion's IoU after each round: shape (n_tasks, n_rounds + 1),
+    column 0 the init round's champion. Re-derived from the rounds (`_pick_champion`, then `_round_winner`);
+    ValueError naming the task when that does not give the record's champion and `champion_reward_by_round`."""
+    out = []
+    for row in loop["tasks"]:
+        rounds = row["rounds"]
+        best = rounds[0]["attempts"][_pick_champion(rounds[0]["attempts"])]
+        ious, rewards = [attempt_iou(best)], [best["reward"]]
+        for rd in rounds[1:]:
+            c = _round_winner(rd["attempts"], best["reward"])
+            if c is not None:
+                best = rd["attempts"][c]
+            ious.append(attempt_iou(best))
+            rewards.append(best["reward"])
+        if rewards != row["champion_reward_by_round"] or ious[-1] != attempt_iou(row["champion"]):
+            raise ValueError(f"{where}: task {row['task_id']!r}: its rounds give champion rewards {rewards} and IoU "
+                             f"{ious[-1]}; the record says {row['champion_reward_by_round']} and "
+                             f"{attempt_iou(row['champion'])}; accepted: a record whose rounds re-derive its champion")
+        out.append(ious)
+    return out
 
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #e17783ea
