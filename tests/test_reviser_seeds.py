@@ -31,7 +31,9 @@ def _seeds(root: Path, shift: dict[int, float], verdicts: dict[int, tuple[str, s
         summ["vs_untrained"]["compare_to"] = f"u{s}"
         (root / f"r{s}").mkdir()
         (root / f"r{s}" / "summary.json").write_text(json.dumps(summ))
-        (root / f"r{s}" / "loop.json").write_text((RUNS / RUN / "loop.json").read_text())
+        trained = json.loads((RUNS / RUN / "loop.json").read_text())
+        trained["config"]["seed"] = s                                     # a run's loop samples at the run's seed
+        (root / f"r{s}" / "loop.json").write_text(json.dumps(trained))
         loop = json.loads((RUNS / UNTRAINED / "loop.json").read_text())
         loop["config"]["seed"] = untrained_seed(s)
         loop["config"].update(untrained_config or {})
@@ -70,6 +72,14 @@ def test_refuses_an_untrained_loop_of_another_shape(tmp_path, other):
         _run(tmp_path, runs, runs_root=str(tmp_path))
 
 
+def test_refuses_an_untrained_loop_sampling_otherwise(tmp_path):
+    runs = _seeds(tmp_path, {0: 0, 1: 0, 2: 0}, {s: ("improved", "improved") for s in (0, 1, 2)},
+                  untrained_config={"revision_max_new_tokens": 32})
+    with pytest.raises(pm.PapermillExecutionError, match=r"r2 \(sampling with .*'revision_max_new_tokens': None\}\) was compared with "
+                                                           r"u2 \(sampling with .*'revision_max_new_tokens': 32\}\); accepted: the untrained loop sampling"):
+        _run(tmp_path, runs, runs_root=str(tmp_path))
+
+
 def test_over_seeds_is_the_runs_differences_seed_ci(tmp_path):
     shift = {0: 0.0, 1: 0.004, 2: -0.002}
     verdicts = {0: ("improved", "no difference detected"), 1: ("improved", "improved"), 2: ("no difference detected", "improved")}
@@ -102,6 +112,18 @@ def test_reviser_train_refuses_an_untrained_loop_of_another_shape_before_trainin
                             parameters={"model": "pixrl-base-mover", "feedback": "regions", "revision": "move", "n_rounds": 12,
                                         "n_revisions": 1, "compare_to": "agent_loop_mover", "run_name": "never_made",
                                         "allow_dirty": True})
+    assert not (RUNS / "never_made").exists()
+
+
+def test_reviser_train_refuses_an_untrained_loop_sampling_otherwise_before_training(tmp_path):
+    "A capped trained loop against an uncapped untrained one (same shape) is refused before any model loads."
+    with pytest.raises(pm.PapermillExecutionError, match=r"compare_to 'agent_loop_mover_r12u' samples with .*'revision_max_new_tokens': None"
+                                                           r".*accepted: an untrained loop sampling as this run does, .*'revision_max_new_tokens': 32"):
+        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS), kernel_name="python3",
+                            progress_bar=False, parameters={"model": "pixrl-base-mover", "feedback": "regions", "revision": "move",
+                                                            "n_rounds": 12, "n_revisions": 1, "distinct_draws": 16, "untried": True,
+                                                            "revision_max_new_tokens": 32, "compare_to": "agent_loop_mover_r12u",
+                                                            "run_name": "never_made", "allow_dirty": True})
     assert not (RUNS / "never_made").exists()
 
 

@@ -13,14 +13,14 @@ from .tasks import Task, release_digest
 
 # %% auto #0
 __all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'FEEDBACK_KINDS', 'REVISION_KINDS',
-           'REVISION_ASKS', 'EDIT_REJECTED', 'LOOP_KIND', 'PLAIN_SEED_OFFSET', 'LOOP_SHAPE', 'REGION_NAMES',
-           'REGION_MIN_SHARE', 'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers', 'material_direction', 'closeness',
-           'feedback', 'revision_prompt', 'apply_move', 'apply_edit', 'verify_edits', 'round_feedback',
+           'REVISION_ASKS', 'EDIT_REJECTED', 'LOOP_KIND', 'PLAIN_SEED_OFFSET', 'LOOP_SHAPE', 'LOOP_DRAWS',
+           'REGION_NAMES', 'REGION_MIN_SHARE', 'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers', 'material_direction',
+           'closeness', 'feedback', 'revision_prompt', 'apply_move', 'apply_edit', 'verify_edits', 'round_feedback',
            'revision_prompts', 'LoopConfig', 'answer_key', 'first_distinct', 'tried_answers', 'run_agent_loop',
-           'loop_summary', 'revision_stats', 'champion_by_round', 'loop_budget', 'loop_shape', 'best_of_plain',
-           'loop_vs_plain', 'record_best', 'loop_vs_record', 'region_directions', 'region_feedback', 'region_sentence',
-           'scripted_loop', 'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks',
-           'served_meta', 'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
+           'loop_summary', 'revision_stats', 'champion_by_round', 'loop_budget', 'loop_shape', 'loop_draws',
+           'best_of_plain', 'loop_vs_plain', 'record_best', 'loop_vs_record', 'region_directions', 'region_feedback',
+           'region_sentence', 'scripted_loop', 'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy',
+           'resolve_tasks', 'served_meta', 'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #b634cf9c
 CLOSENESS_BUCKETS = (  # (lower IoU bound, sentence) — first match wins; the bounds never reach the text
@@ -517,9 +517,20 @@ def loop_shape(loop) -> dict:
     """How a loop spends its budget: the `LOOP_SHAPE` fields of a `LoopConfig` or of a loop record's config (a field
     added after the record was made: its default) — what two loops must share for their difference to be their
     policies' (the seed, temperatures and token budget are not part of it)."""
+    return _config_fields(loop, LOOP_SHAPE)
+
+LOOP_DRAWS = ("seed", "temperature", "revision_temperature", "max_new_tokens", "revision_max_new_tokens")
+
+def loop_draws(loop) -> dict:
+    """How a loop samples: the `LOOP_DRAWS` fields of a `LoopConfig` or a loop record's config (defaults for fields
+    added later). A trained loop and the untrained loop it is compared with must share these too: a capped completion
+    or another seed changes the random stream, and the difference is then not only the policies'."""
+    return _config_fields(loop, LOOP_DRAWS)
+
+def _config_fields(loop, fields: tuple[str, ...]) -> dict:
     c = dataclasses.asdict(loop) if isinstance(loop, LoopConfig) else loop["config"]
     default = dataclasses.asdict(LoopConfig())
-    return {k: c.get(k, default[k]) for k in LOOP_SHAPE}
+    return {k: c.get(k, default[k]) for k in fields}
 
 def best_of_plain(policy, tasks: list[Task], loop: dict) -> list[float]:
     """Per task of `loop` (in its order): the best IoU of `loop_budget` plain attempts from the task prompt — the
