@@ -186,3 +186,26 @@ def test_by_round_refuses_seeds_whose_loops_differ_in_shape(tmp_path):
         (tmp_path / name / "loop.json").write_text(json.dumps(loop))
     with pytest.raises(pm.PapermillExecutionError, match=r"the runs' loops spend their budget differently.*accepted: one loop shape"):
         _run(tmp_path, runs, runs_root=str(tmp_path))
+
+
+def test_reviser_train_refuses_attempts_model_with_attempts_from_trained(tmp_path):
+    with pytest.raises(pm.PapermillExecutionError, match=r"attempts_model='pixrl-base' with attempts_from='trained'; accepted: "
+                                                           r"attempts_model with attempts_from 'untrained'"):
+        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS), kernel_name="python3",
+                            progress_bar=False, parameters={"attempts_model": "pixrl-base", "attempts_from": "trained",
+                                                            "compare_to": "", "run_name": "never_made", "allow_dirty": True})
+    assert not (RUNS / "never_made").exists()
+
+
+def test_reviser_train_refuses_an_untrained_loop_whose_attempts_another_model_wrote(tmp_path):
+    "Trained revisions of pixrl-base's attempts set against a loop of the mover's own attempts: refused before training."
+    with pytest.raises(pm.PapermillExecutionError, match=r"compare_to 'agent_loop_mover_r12u_c32': first attempts by 'pixrl-base-mover', "
+                                                           r"revisions by 'pixrl-base-mover'; accepted: first attempts by 'pixrl-base' "
+                                                           r"and revisions by the untrained 'pixrl-base-mover'"):
+        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS), kernel_name="python3",
+                            progress_bar=False, parameters={"model": "pixrl-base-mover", "feedback": "regions", "revision": "move",
+                                                            "n_rounds": 12, "n_revisions": 1, "distinct_draws": 16, "untried": True,
+                                                            "revision_max_new_tokens": 32, "attempts_from": "untrained",
+                                                            "attempts_model": "pixrl-base", "compare_to": "agent_loop_mover_r12u_c32",
+                                                            "run_name": "never_made", "allow_dirty": True})
+    assert not (RUNS / "never_made").exists()
