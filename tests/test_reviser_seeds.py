@@ -92,6 +92,10 @@ def test_over_seeds_is_the_runs_differences_seed_ci(tmp_path):
     assert (f"trained loop − untrained loop: mean over 3 seeds {ci.mean:+.4f} (95% t-interval {ci.lo:+.4f} … "
             f"{ci.hi:+.4f}): {ci.verdict}; improved at 2 of 3 seeds") in text
     assert "RL earns its keep (beats pixrl-base (../runs/bench_base/bench.json) and the untrained loop, each 95% CI above 0) at 1 of 3 seeds" in text
+    plain = summ["vs_plain"]["verdict"] == "improved"                    # each made-up seed keeps RUN's verdict against plain
+    writer = json.loads((RUNS / RUN / "loop.json").read_text())["model"]
+    assert (f"at the same budget (beats the first attempts' writer's best of {summ['vs_plain']['budget']} plain — {writer} — and "
+            f"the untrained loop, each 95% CI above 0): {2 if plain else 0} of 3 seeds") in text
     # the untrained loop against the benchmark, computed by the notebook: every made-up seed's untrained loop is the
     # committed agent_loop_mover, so each seed has its paired difference and the interval has no width
     bench = json.loads((RUNS / "bench_base" / "bench.json").read_text())
