@@ -213,3 +213,21 @@ def test_reviser_train_refuses_an_untrained_loop_whose_attempts_another_model_wr
                                                             "attempts_model": "pixrl-base", "compare_to": "agent_loop_mover_r12u_c32",
                                                             "run_name": "never_made", "allow_dirty": True})
     assert not (RUNS / "never_made").exists()
+
+
+def test_reviser_train_refuses_training_on_the_writer_without_one(tmp_path):
+    "train_on 'writer' revises attempts_model's attempts in GRPO: with no attempts_model there is none, refused before training."
+    with pytest.raises(pm.PapermillExecutionError, match=r"train_on='writer' with attempts_model=''; accepted: train_on 'writer' "
+                                                           r"with an attempts_model"):
+        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS), kernel_name="python3",
+                            progress_bar=False, parameters={"train_on": "writer", "attempts_from": "untrained", "compare_to": "",
+                                                            "run_name": "never_made", "allow_dirty": True})
+    assert not (RUNS / "never_made").exists()
+
+
+def test_reviser_train_refuses_an_unknown_train_on(tmp_path):
+    with pytest.raises(pm.PapermillExecutionError, match=r"train_on='mine'; accepted: \('own', 'writer'\)"):
+        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS), kernel_name="python3",
+                            progress_bar=False, parameters={"train_on": "mine", "compare_to": "", "run_name": "never_made",
+                                                            "allow_dirty": True})
+    assert not (RUNS / "never_made").exists()
