@@ -58,6 +58,20 @@ def test_refuses_runs_of_different_recipes(tmp_path):
         _run(tmp_path, "reviser_train_move_gain_kl,reviser_train_move_shared_kl", allow_dirty=True)
 
 
+def test_refuses_seeds_trained_on_different_attempts(tmp_path):
+    "A run recorded before train_on existed trained on its own attempts: set beside a train_on 'writer' run, refused."
+    runs = _seeds(tmp_path, {0: 0, 1: 0, 2: 0}, {s: ("improved", "improved") for s in (0, 1, 2)})
+    summ = json.loads((tmp_path / "r1" / "summary.json").read_text())
+    assert "train_on" not in summ                                        # the committed run predates the field
+    summ["train_on"] = "writer"
+    (tmp_path / "r1" / "summary.json").write_text(json.dumps(summ))
+    with pytest.raises(pm.PapermillExecutionError, match=r"differ in more than seed and name.*'train_on': 'writer'"):
+        _run(tmp_path, runs, runs_root=str(tmp_path))
+    summ["train_on"] = "own"                                             # the same recipe, said explicitly: accepted
+    (tmp_path / "r1" / "summary.json").write_text(json.dumps(summ))
+    assert "recipe: " in _run(tmp_path, runs, runs_root=str(tmp_path))
+
+
 def test_refuses_an_untrained_loop_at_another_seed(tmp_path):
     runs = _seeds(tmp_path, {0: 0, 1: 0, 2: 0}, {s: ("improved", "improved") for s in (0, 1, 2)},
                   untrained_seed=lambda s: 0)
