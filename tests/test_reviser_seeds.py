@@ -46,6 +46,18 @@ def _text(out) -> str:
     return "".join("".join(o.get("text", "")) for c in json.loads(out.read_text())["cells"] for o in c.get("outputs", []))
 
 
+MOVER_12 = {"model": "pixrl-base-mover", "feedback": "regions", "revision": "move", "n_rounds": 12, "n_revisions": 1}
+UNTRIED_C32 = {"distinct_draws": 16, "untried": True, "revision_max_new_tokens": 32}   # the one-untried-move search, capped
+
+
+def _refused_by_reviser_train(tmp_path, match: str, params: dict):
+    "reviser_train with `params` stops with an error matching `match` before its run folder is made."
+    with pytest.raises(pm.PapermillExecutionError, match=match):
+        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS), kernel_name="python3",
+                            progress_bar=False, parameters={**params, "run_name": "never_made", "allow_dirty": True})
+    assert not (RUNS / "never_made").exists()
+
+
 def _run(tmp_path, runs, **params):
     out = tmp_path / "out.ipynb"
     pm.execute_notebook(str(NBS / "reviser_seeds.ipynb"), str(out), cwd=str(NBS), kernel_name="python3",
@@ -123,34 +135,21 @@ def test_over_seeds_is_the_runs_differences_seed_ci(tmp_path):
 
 def test_reviser_train_refuses_an_untrained_loop_of_another_shape_before_training(tmp_path):
     "reviser_train's compare_to loop is checked against the run's loop shape before any model loads or folder is made."
-    out = tmp_path / "out.ipynb"
-    with pytest.raises(pm.PapermillExecutionError, match=r"compare_to 'agent_loop_mover' is a loop of shape .*'n_rounds': 3"
-                                                           r".*accepted: an untrained loop of this run's shape .*'n_rounds': 12"):
-        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(out), cwd=str(NBS), kernel_name="python3", progress_bar=False,
-                            parameters={"model": "pixrl-base-mover", "feedback": "regions", "revision": "move", "n_rounds": 12,
-                                        "n_revisions": 1, "compare_to": "agent_loop_mover", "run_name": "never_made",
-                                        "allow_dirty": True})
-    assert not (RUNS / "never_made").exists()
+    _refused_by_reviser_train(tmp_path, r"compare_to 'agent_loop_mover' is a loop of shape .*'n_rounds': 3"
+                                        r".*accepted: an untrained loop of this run's shape .*'n_rounds': 12",
+                              {**MOVER_12, "compare_to": "agent_loop_mover"})
 
 
 def test_reviser_train_refuses_an_untrained_loop_sampling_otherwise_before_training(tmp_path):
     "A capped trained loop against an uncapped untrained one (same shape) is refused before any model loads."
-    with pytest.raises(pm.PapermillExecutionError, match=r"compare_to 'agent_loop_mover_r12u' samples with .*'revision_max_new_tokens': None"
-                                                           r".*accepted: an untrained loop sampling as this run does, .*'revision_max_new_tokens': 32"):
-        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS), kernel_name="python3",
-                            progress_bar=False, parameters={"model": "pixrl-base-mover", "feedback": "regions", "revision": "move",
-                                                            "n_rounds": 12, "n_revisions": 1, "distinct_draws": 16, "untried": True,
-                                                            "revision_max_new_tokens": 32, "compare_to": "agent_loop_mover_r12u",
-                                                            "run_name": "never_made", "allow_dirty": True})
-    assert not (RUNS / "never_made").exists()
+    _refused_by_reviser_train(tmp_path, r"compare_to 'agent_loop_mover_r12u' samples with .*'revision_max_new_tokens': None"
+                                        r".*accepted: an untrained loop sampling as this run does, .*'revision_max_new_tokens': 32",
+                              {**MOVER_12, **UNTRIED_C32, "compare_to": "agent_loop_mover_r12u"})
 
 
 def test_reviser_train_refuses_a_missing_untrained_loop_by_name(tmp_path):
-    with pytest.raises(pm.PapermillExecutionError, match=r"compare_to 'no_such_loop': loop record .*no_such_loop/loop.json does not exist"):
-        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS), kernel_name="python3",
-                            progress_bar=False, parameters={"compare_to": "no_such_loop", "run_name": "never_made",
-                                                            "allow_dirty": True})
-    assert not (RUNS / "never_made").exists()
+    _refused_by_reviser_train(tmp_path, r"compare_to 'no_such_loop': loop record .*no_such_loop/loop.json does not exist",
+                              {"compare_to": "no_such_loop"})
 
 
 def _all_text(out) -> str:
@@ -207,41 +206,27 @@ def test_by_round_refuses_seeds_whose_loops_differ_in_shape(tmp_path):
 
 
 def test_reviser_train_refuses_attempts_model_with_attempts_from_trained(tmp_path):
-    with pytest.raises(pm.PapermillExecutionError, match=r"attempts_model='pixrl-base' with attempts_from='trained'; accepted: "
-                                                           r"attempts_model with attempts_from 'untrained'"):
-        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS), kernel_name="python3",
-                            progress_bar=False, parameters={"attempts_model": "pixrl-base", "attempts_from": "trained",
-                                                            "compare_to": "", "run_name": "never_made", "allow_dirty": True})
-    assert not (RUNS / "never_made").exists()
+    _refused_by_reviser_train(tmp_path, r"attempts_model='pixrl-base' with attempts_from='trained'; accepted: "
+                                        r"attempts_model with attempts_from 'untrained'",
+                              {"attempts_model": "pixrl-base", "attempts_from": "trained", "compare_to": ""})
 
 
 def test_reviser_train_refuses_an_untrained_loop_whose_attempts_another_model_wrote(tmp_path):
     "Trained revisions of pixrl-base's attempts set against a loop of the mover's own attempts: refused before training."
-    with pytest.raises(pm.PapermillExecutionError, match=r"compare_to 'agent_loop_mover_r12u_c32': first attempts by 'pixrl-base-mover', "
-                                                           r"revisions by 'pixrl-base-mover'; accepted: first attempts by 'pixrl-base' "
-                                                           r"and revisions by the untrained 'pixrl-base-mover'"):
-        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS), kernel_name="python3",
-                            progress_bar=False, parameters={"model": "pixrl-base-mover", "feedback": "regions", "revision": "move",
-                                                            "n_rounds": 12, "n_revisions": 1, "distinct_draws": 16, "untried": True,
-                                                            "revision_max_new_tokens": 32, "attempts_from": "untrained",
-                                                            "attempts_model": "pixrl-base", "compare_to": "agent_loop_mover_r12u_c32",
-                                                            "run_name": "never_made", "allow_dirty": True})
-    assert not (RUNS / "never_made").exists()
+    _refused_by_reviser_train(tmp_path, r"compare_to 'agent_loop_mover_r12u_c32': first attempts by 'pixrl-base-mover', "
+                                        r"revisions by 'pixrl-base-mover'; accepted: first attempts by 'pixrl-base' "
+                                        r"and revisions by the untrained 'pixrl-base-mover'",
+                              {**MOVER_12, **UNTRIED_C32, "attempts_from": "untrained", "attempts_model": "pixrl-base",
+                               "compare_to": "agent_loop_mover_r12u_c32"})
 
 
 def test_reviser_train_refuses_training_on_the_writer_without_one(tmp_path):
     "train_on 'writer' revises attempts_model's attempts in GRPO: with no attempts_model there is none, refused before training."
-    with pytest.raises(pm.PapermillExecutionError, match=r"train_on='writer' with attempts_model=''; accepted: train_on 'writer' "
-                                                           r"with an attempts_model"):
-        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS), kernel_name="python3",
-                            progress_bar=False, parameters={"train_on": "writer", "attempts_from": "untrained", "compare_to": "",
-                                                            "run_name": "never_made", "allow_dirty": True})
-    assert not (RUNS / "never_made").exists()
+    _refused_by_reviser_train(tmp_path, r"train_on='writer' with attempts_model=''; accepted: "
+                                        r"train_on 'writer' with an attempts_model",
+                              {"train_on": "writer", "attempts_from": "untrained", "compare_to": ""})
 
 
 def test_reviser_train_refuses_an_unknown_train_on(tmp_path):
-    with pytest.raises(pm.PapermillExecutionError, match=r"train_on='mine'; accepted: \('own', 'writer'\)"):
-        pm.execute_notebook(str(NBS / "reviser_train.ipynb"), str(tmp_path / "out.ipynb"), cwd=str(NBS), kernel_name="python3",
-                            progress_bar=False, parameters={"train_on": "mine", "compare_to": "", "run_name": "never_made",
-                                                            "allow_dirty": True})
-    assert not (RUNS / "never_made").exists()
+    _refused_by_reviser_train(tmp_path, r"train_on='mine'; accepted: \('own', 'writer'\)",
+                              {"train_on": "mine", "compare_to": ""})
