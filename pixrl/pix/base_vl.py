@@ -8,17 +8,19 @@ import numpy as np
 import torch
 from ..core import PIXRL_META, VL_BASE_NAME, set_seed
 from ..lm import model_dir_sha256
-from .base import band_program, cell_stream, pretrain_loop, warmup_cosine
-from .prompt import PromptSpec, format_answer, prompt_image
+from .base import band_program, band_source, cell_stream, pretrain_loop, warmup_cosine
+from .prompt import PromptSpec, format_answer, ink_bands, prompt_image
 from .tiny import build_tiny_vlm, MODEL_IMAGE_SHAPE
 
 # %% auto #0
-__all__ = ['VL_BASE_SPEC', 'VL_CELLS', 'VLBaseConfig', 'initial_vl_model', 'continued_vl_model', 'step_scenes', 'vl_batch',
-           'train_vl_base', 'build_vl_base', 'looks']
+__all__ = ['VL_BASE_SPEC', 'VL_CELLS', 'VL_TARGETS', 'ROLES', 'VLBaseConfig', 'initial_vl_model', 'continued_vl_model',
+           'row_bands', 'vl_program', 'step_scenes', 'vl_batch', 'train_vl_base', 'build_vl_base', 'looks', 'patch_ink',
+           'token_readout', 'band_roles', 'answer_loss_by_role']
 
 # %% ../../nbs/pix/06b_base_vl.ipynb #c004
 VL_BASE_SPEC = PromptSpec(representation="py", api_doc=False, vision=True, image_size=MODEL_IMAGE_SHAPE[0])
 VL_CELLS = (32, 64)   # the program's grid: the prompt raster's resolution, or the model image's own
+VL_TARGETS = ("bands", "rows")   # one call per band of identical rows (the text bases' programs), or one call per row
 
 
 @dataclasses.dataclass
@@ -29,6 +31,8 @@ class VLBaseConfig:
     vision_layers: int = 2       # CLIP tower depth
     text_init: str = "pixrl-base"   # the language model's weights: a committed band base (sha256 checked) or a directory
     cells: int = 32              # the band program's grid (VL_CELLS): 32 = the text bases' programs, 64 = the image's
+    target: str = "bands"        # what it writes (VL_TARGETS): "bands", or "rows" (every band split into its rows: a band's
+                                 # extent is decided row by row, not before its first number; ≈ 1.7 × the tokens)
     steps: int = 4000            # optimizer steps (≈ 1.45 s each at batch 16 on 2 cores: ≈ 1.6 h)
     batch_size: int = 16         # scenes per step, each seen once
     lr: float = 2e-3             # peak AdamW learning rate (no weight decay, grad-norm clip 1.0), all weights
@@ -47,6 +51,8 @@ class VLBaseConfig:
             raise ValueError(f"VLBaseConfig.patch {self.patch!r}; accepted: a divisor of the image size {S}")
         if self.cells not in VL_CELLS:
             raise ValueError(f"VLBaseConfig.cells {self.cells!r}; accepted: {VL_CELLS}")
+        if self.target not in VL_TARGETS:
+            raise ValueError(f"VLBaseConfig.target {self.target!r}; accepted: {VL_TARGETS}")
         for f in ("vision_hidden", "vision_layers", "steps", "batch_size", "warmup", "ckpt_every", "max_chars", "max_new_tokens"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:
@@ -97,25 +103,38 @@ def continued_vl_model(cfg: VLBaseConfig, out_dir) -> Path:
     return Path(out_dir)
 
 # %% ../../nbs/pix/06b_base_vl.ipynb #c009
+def row_bands(bands: list) -> list:
+    "`bands` (`ink_bands`' form, top band first) split into single rows, top row first: `[(y, 1, runs), ...]`."
+    return [(y + h - 1 - k, 1, runs) for y, h, runs in bands for k in range(h)]
+
+
+def vl_program(scene, target: str = "bands", cells: int = 32) -> str:
+    "The program a VL base is taught to write for `scene` (`VL_TARGETS`): its band program, or the same split into rows."
+    if target not in VL_TARGETS:
+        raise ValueError(f"vl_program: target {target!r}; accepted: {VL_TARGETS}")
+    bands = ink_bands(scene.model_image, cells)
+    return band_source(scene.footprint_um, bands if target == "bands" else row_bands(bands), cells)
+
+
 def step_scenes(cfg: VLBaseConfig, step: int) -> list:
     "The `batch_size` scenes of optimizer step `step` (deterministic in `cfg.seed` and `step`)."
     stream = cell_stream(cfg.seed, start=2 * step * cfg.batch_size)
     out = []
     for _ in range(2 * cfg.batch_size):
         scene = next(stream)
-        if len(band_program(scene, cfg.cells)) <= cfg.max_chars:
+        if len(vl_program(scene, cfg.target, cfg.cells)) <= cfg.max_chars:
             out.append(scene)
         if len(out) == cfg.batch_size:
             return out
     raise RuntimeError(f"step {step}: fewer than {cfg.batch_size} of {2 * cfg.batch_size} scenes fit max_chars={cfg.max_chars}")
 
 
-def vl_batch(policy, scenes: list, cells: int) -> dict:
-    """The training batch of `scenes` for VLM `policy`: the processor's tensors of prompt + answer (right-padded) and
-    `labels` (−100 on the prompt, its image tokens and the padding)."""
+def vl_batch(policy, scenes: list, cells: int, target: str = "bands") -> dict:
+    """The training batch of `scenes` for VLM `policy`: the processor's tensors of prompt + answer (`vl_program`,
+    right-padded) and `labels` (−100 on the prompt, its image tokens and the padding)."""
     proc, tok = policy.processor, policy.tokenizer
     prompts = [policy.prompt(s) for s in scenes]                                       # B strings, image slot included
-    answers = [format_answer(band_program(s, cells)) + tok.eos_token for s in scenes]  # B strings
+    answers = [format_answer(vl_program(s, target, cells)) + tok.eos_token for s in scenes]  # B strings
     images = [[prompt_image(s, policy.prompt_spec)] for s in scenes]
     tok.padding_side = "right"
     full = proc(text=[p + a for p, a in zip(prompts, answers)], images=images, return_tensors="pt", padding=True)
@@ -136,7 +155,7 @@ def train_vl_base(cfg: VLBaseConfig, work_dir, verbose: bool = False, stop_after
         (continued_vl_model if cfg.init_from else initial_vl_model)(cfg, init)
     set_seed(cfg.seed)
     policy = load_policy(str(init))
-    log, info = pretrain_loop(cfg, policy.model, work, lambda step: vl_batch(policy, step_scenes(cfg, step), cfg.cells),
+    log, info = pretrain_loop(cfg, policy.model, work, lambda step: vl_batch(policy, step_scenes(cfg, step), cfg.cells, cfg.target),
                               weight_decay=0.0, verbose=verbose, stop_after=stop_after)
     return policy, log, info
 
@@ -154,7 +173,7 @@ def build_vl_base(cfg: VLBaseConfig, out_dir, work_dir, verbose: bool = False) -
     meta = json.loads((Path(work_dir) / "init" / PIXRL_META).read_text())
     meta.pop("note", None)
     meta["pretrain"] = {"config": dataclasses.asdict(cfg), "corpus": "pixrl.pix.base.cell_stream (disjoint from depth-v1)",
-                        "target": f"band program on {cfg.cells} cells, through the image only", "final_loss": log[-1]["loss"],
+                        "target": f"{cfg.target} program on {cfg.cells} cells, through the image only", "final_loss": log[-1]["loss"],
                         "text_init_sha256": model_dir_sha256(resolve_model(cfg.text_init))}
     if cfg.init_from:                                     # what the continued base was: its digest and its own pretraining
         src = resolve_model(cfg.init_from)
@@ -186,3 +205,107 @@ def looks(policy, tasks: list, k: int = 1, temperature: float = 0.0, seed: int =
         iou[name] = np.array([r.iou or 0.0 for r in res]).reshape(len(tasks), k).mean(1)               # (T,)
     return {"iou": iou, "real - shuffled": paired_bootstrap(iou["shuffled"], iou["real"], seed=seed),
             "real - blank": paired_bootstrap(iou["blank"], iou["real"], seed=seed)}
+
+# %% ../../nbs/pix/06b_base_vl.ipynb #ebffdd1f
+def _image_features(policy, images: list) -> torch.Tensor:
+    "The projector's output for `images` (PIL): (n_images, n_tokens, hidden), what the language model is fed."
+    px = policy.processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        out = policy.model.get_image_features(pixel_values=px)
+    feats = getattr(out, "pooler_output", out)
+    return torch.stack(list(feats)) if isinstance(feats, (list, tuple)) else feats
+
+
+def patch_ink(image, patch: int) -> np.ndarray:
+    "The ink (dark pixels) of each `patch × patch` patch of `image`, row-major as CLIP orders them: (n_patches, patch²) bool."
+    a = np.asarray(image) < 128                                           # (S, S)
+    S = a.shape[0]
+    g = S // patch
+    return a.reshape(g, patch, g, patch).transpose(0, 2, 1, 3).reshape(g * g, patch * patch)
+
+
+def token_readout(policy, scenes: list, train_frac: float = 0.8, batch: int = 32) -> dict:
+    """How much of its own patch each image token of `policy` carries, read by one linear map (least squares, fit on
+    the first `train_frac` of the scenes' tokens, read on the rest): {"pixel_acc", "patch_exact", "majority",
+    "n_tokens"} over the held-out tokens."""
+    if not policy.vision:
+        raise ValueError(f"token_readout: {policy.name} is a text policy; accepted: a vision-language policy")
+    if not 0 < train_frac < 1:
+        raise ValueError(f"token_readout: train_frac {train_frac!r}; accepted: strictly between 0 and 1")
+    if len(scenes) < 2:
+        raise ValueError(f"token_readout: {len(scenes)} scene(s); accepted: at least 2 (one to fit, one to read)")
+    patch = policy.model.config.vision_config.patch_size
+    X, Y = [], []
+    for i in range(0, len(scenes), batch):
+        images = [prompt_image(s, policy.prompt_spec) for s in scenes[i:i + batch]]
+        f = _image_features(policy, images)                                              # (b, n_tokens, d)
+        X.append(f.reshape(-1, f.shape[-1]).numpy())
+        Y.append(np.concatenate([patch_ink(im, patch) for im in images]).astype(float))  # (b·n_tokens, patch²)
+    X, Y = np.concatenate(X), np.concatenate(Y)
+    if len(X) != len(Y):
+        raise ValueError(f"token_readout: {len(X)} image tokens for {len(Y)} patches of {patch} px; "
+                         "accepted: a vision tower with one token per patch (no class token, no merging)")
+    n_fit = min(max(int(len(scenes) * train_frac), 1), len(scenes) - 1)                 # whole scenes on each side
+    cut = n_fit * len(X) // len(scenes)
+    Xb = np.c_[X, np.ones(len(X))]                                                        # (N, d + 1)
+    W = np.linalg.lstsq(Xb[:cut], Y[:cut], rcond=None)[0]                                 # (d + 1, patch²)
+    pred, truth = Xb[cut:] @ W > 0.5, Y[cut:] > 0.5
+    ink = truth.mean()
+    return {"pixel_acc": float((pred == truth).mean()), "patch_exact": float((pred == truth).all(1).mean()),
+            "majority": float(max(ink, 1 - ink)), "n_tokens": int(len(truth))}
+
+
+# %% ../../nbs/pix/06b_base_vl.ipynb #8a103b13
+ROLES = ("y", "h", "x", "w", "other")
+
+
+def band_roles(pieces: list) -> list:
+    """The role (`ROLES`) of each token of a band program, given as the tokens' texts in order: the k-th number
+    after `b(` is y, h, then x and w in turn; every other token is "other"."""
+    roles, k = [], None                        # k: numbers seen in the open call, None outside a call
+    for i, s in enumerate(pieces):
+        t = s.strip()
+        if t.isdigit() and k is not None:
+            roles.append(ROLES[k] if k < 2 else ROLES[2 + k % 2])
+            k += 1
+            continue
+        roles.append("other")
+        if t.endswith("(") and (t[:-1].endswith("b") or (t == "(" and i and pieces[i - 1].strip().endswith("b"))):
+            k = 0
+        elif ")" in t:
+            k = None
+    return roles
+
+
+def answer_loss_by_role(policy, scenes: list, cells: int = 32, batch: int = 16) -> dict:
+    """Teacher-forced loss (nats per token) of each scene's band program on `cells` cells, by token role:
+    {role: {"nll", "n", "share", "per_scene"}} ("share": of the answers' summed loss; "per_scene": (n_scenes,) mean
+    loss of the role's tokens in each scene, nan where it has none). A VLM is shown the image (`vl_batch`), a text
+    policy its own prompt (the raster)."""
+    from pixrl.lm import collate, encode_example
+    from pixrl.pix.prompt import format_answer
+    tok = policy.tokenizer
+    sums = {r: np.zeros(len(scenes)) for r in ROLES}                                      # role -> (S,)
+    counts = {r: np.zeros(len(scenes)) for r in ROLES}
+    for i in range(0, len(scenes), batch):
+        part = scenes[i:i + batch]
+        if policy.vision:
+            b = vl_batch(policy, part, cells)
+        else:
+            b = collate([encode_example(tok, policy.prompt(s), format_answer(band_program(s, cells))) for s in part],
+                        tok.pad_token_id)
+        labels = b.pop("labels")                                                          # (B, T)
+        with torch.no_grad():
+            logits = policy.model(**b).logits.float()                                     # (B, T, V)
+        nll = -torch.log_softmax(logits[:, :-1], -1).gather(-1, labels[:, 1:].clamp(min=0)[..., None])[..., 0]  # (B, T-1)
+        for r in range(labels.shape[0]):
+            keep = (labels[r, 1:] != -100).nonzero()[:, 0]                                # answer positions
+            ids = labels[r, 1:][keep].tolist()
+            for role, v in zip(band_roles([tok.decode([t]) for t in ids]), nll[r, keep].tolist()):
+                sums[role][i + r] += v
+                counts[role][i + r] += 1
+    total = sum(s.sum() for s in sums.values())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {r: {"nll": sums[r].sum() / max(counts[r].sum(), 1), "n": int(counts[r].sum()),
+                    "share": sums[r].sum() / total, "per_scene": sums[r] / counts[r]} for r in ROLES}
+
