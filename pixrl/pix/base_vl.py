@@ -112,8 +112,9 @@ def vl_program(scene, target: str = "bands", cells: int = 32) -> str:
     "The program a VL base is taught to write for `scene` (`VL_TARGETS`): its band program, or the same split into rows."
     if target not in VL_TARGETS:
         raise ValueError(f"vl_program: target {target!r}; accepted: {VL_TARGETS}")
-    bands = ink_bands(scene.model_image, cells)
-    return band_source(scene.footprint_um, bands if target == "bands" else row_bands(bands), cells)
+    if target == "bands":
+        return band_program(scene, cells)
+    return band_source(scene.footprint_um, row_bands(ink_bands(scene.model_image, cells)), cells)
 
 
 def step_scenes(cfg: VLBaseConfig, step: int) -> list:
