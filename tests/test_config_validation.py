@@ -44,6 +44,7 @@ CAMPAIGN_BAD = {
     "loss_type": ["ppo", None],
     "beta": [-1.0, NAN, "0"],
     "num_iterations": [0, 1.0, True],
+    "steps_per_generation": [0, -4, 2.0, True, "4"],
     "fast_rollouts": ["yes", 1, None],
     "shared_prefix": ["yes", 1, None],
     "vllm_mode": ["on", "vllm", "", None, 1],

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from ..core import PIXRL_META, VL_BASE_NAME, set_seed
 from ..lm import model_dir_sha256
-from .base import band_program, band_source, cell_stream, pretrain_loop, warmup_cosine
+from .base import BASE_CELLS, band_program, band_source, cell_stream, pretrain_loop, warmup_cosine
 from .prompt import PromptSpec, format_answer, ink_bands, prompt_image
 from .tiny import build_tiny_vlm, MODEL_IMAGE_SHAPE
 
@@ -20,7 +20,8 @@ __all__ = ['VL_BASE_SPEC', 'VL_CELLS', 'VL_TARGETS', 'ROLES', 'VLBaseConfig', 'i
 # %% ../../nbs/pix/06b_base_vl.ipynb #c004
 VL_BASE_SPEC = PromptSpec(representation="py", api_doc=False, vision=True, image_size=MODEL_IMAGE_SHAPE[0])
 VL_CELLS = (32, 64)   # the program's grid: the prompt raster's resolution, or the model image's own
-VL_TARGETS = ("bands", "rows")   # one call per band of identical rows (the text bases' programs), or one call per row
+VL_TARGETS = ("bands", "rows", "program")   # one call per band of identical rows (the text bases' programs), one call per
+                                            # row, or the scene's own program (its primitives: base.cell_primitive)
 
 
 @dataclasses.dataclass
@@ -32,7 +33,9 @@ class VLBaseConfig:
     text_init: str = "pixrl-base"   # the language model's weights: a committed band base (sha256 checked) or a directory
     cells: int = 32              # the band program's grid (VL_CELLS): 32 = the text bases' programs, 64 = the image's
     target: str = "bands"        # what it writes (VL_TARGETS): "bands", or "rows" (every band split into its rows: a band's
-                                 # extent is decided row by row, not before its first number; ≈ 1.7 × the tokens)
+                                 # extent is decided row by row, not before its first number; ≈ 1.7 × the tokens), or
+                                 # "program" (the scene's own primitives — rect, circle, ring, path, polygon, loops — on
+                                 # its 32-cell grid: shapes instead of runs; cells 32 only)
     steps: int = 4000            # optimizer steps (≈ 1.45 s each at batch 16 on 2 cores: ≈ 1.6 h)
     batch_size: int = 16         # scenes per step, each seen once
     lr: float = 2e-3             # peak AdamW learning rate (no weight decay, grad-norm clip 1.0), all weights
@@ -53,6 +56,9 @@ class VLBaseConfig:
             raise ValueError(f"VLBaseConfig.cells {self.cells!r}; accepted: {VL_CELLS}")
         if self.target not in VL_TARGETS:
             raise ValueError(f"VLBaseConfig.target {self.target!r}; accepted: {VL_TARGETS}")
+        if self.target == "program" and self.cells != BASE_CELLS:
+            raise ValueError(f"VLBaseConfig.cells {self.cells!r} with target 'program'; accepted: {BASE_CELLS} (the grid "
+                             "the scenes' programs are drawn on)")
         for f in ("vision_hidden", "vision_layers", "steps", "batch_size", "warmup", "ckpt_every", "max_chars", "max_new_tokens"):
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:
@@ -109,11 +115,16 @@ def row_bands(bands: list) -> list:
 
 
 def vl_program(scene, target: str = "bands", cells: int = 32) -> str:
-    "The program a VL base is taught to write for `scene` (`VL_TARGETS`): its band program, or the same split into rows."
+    """The program a VL base is taught to write for `scene` (`VL_TARGETS`): its band program, the same split into rows,
+    or the scene's own program (on its 32-cell grid)."""
     if target not in VL_TARGETS:
         raise ValueError(f"vl_program: target {target!r}; accepted: {VL_TARGETS}")
     if target == "bands":
         return band_program(scene, cells)
+    if target == "program":
+        if cells != BASE_CELLS:
+            raise ValueError(f"vl_program: cells {cells!r} with target 'program'; accepted: {BASE_CELLS}")
+        return scene.program
     return band_source(scene.footprint_um, row_bands(ink_bands(scene.model_image, cells)), cells)
 
 

@@ -114,7 +114,8 @@ def _tasks(level: int, split: str = "train") -> list:
 def trl_settings(config: dict) -> dict:
     "TRL's GRPO loss settings of a campaign's config (a state written before they were settings: TRL's defaults then)."
     return {"scale_rewards": config.get("scale_rewards", "group"), "loss_type": config.get("loss_type", "dapo"),
-            "beta": config.get("beta", 0.0), "num_iterations": config.get("num_iterations", 1)}
+            "beta": config.get("beta", 0.0), "num_iterations": config.get("num_iterations", 1),
+            "steps_per_generation": config.get("steps_per_generation", 1)}
 
 def image_tokens(policy) -> int:
     """Tokens a VLM prompt gains from its attached image beyond what its tokenizer counts for the prompt text (the

@@ -36,7 +36,7 @@ def _as_levels(value):
 # %% ../../nbs/pix/09c_campaign_config.ipynb #0965d603
 # fields added after campaigns were recorded, with the value they had then: at that value they leave the
 # fingerprint unchanged, so a recorded state.json still matches its config
-LATER_FIELDS = {"num_iterations": 1, "num_processes": 1, "sft_batch": 16, "vllm_mode": "off", "reward_best_of": 1}
+LATER_FIELDS = {"num_iterations": 1, "num_processes": 1, "sft_batch": 16, "vllm_mode": "off", "reward_best_of": 1, "steps_per_generation": 1}
 # fields that do not change what trains: where a campaign is written, how often it checkpoints, the preflight's
 # control size, where its step metrics are reported, how its rollouts are computed (fast_rollouts: the same
 # completions, runs/b_fast; shared_prefix: the same loss to float rounding), whether it may run on a dirty tree
@@ -105,6 +105,8 @@ class CampaignConfig:
     loss_type: str = setting("dapo", choices=LOSS_TYPES)                        # TRL loss_type: how token losses are aggregated ("dapo": over all tokens of the batch)
     beta: float = setting(0.0, ge=0)                                            # TRL beta: KL coefficient to the reference policy; 0 = no reference model is loaded
     num_iterations: int = setting(1, ge=1)                                      # TRL num_iterations (μ): optimizer steps on each generated batch (clipped ratio, ε 0.2)
+    steps_per_generation: int = setting(1, ge=1)                                # TRL steps_per_generation: optimizer steps whose batches one generation samples at once
+                                                                                # (a bigger rollout batch; the later steps off-policy, TRL's clipped ratio); 1: every step
     fast_rollouts: bool = setting(True)                                         # rollouts from a LoRA-merged plain copy of the policy (transformers path; pixrl.pix.grpo):
                                                                                 # 0.75 × the generation time per token (runs/bench_rollout_long), the same completions
     shared_prefix: bool = setting(False)                                        # the GRPO loss's forward runs each group's prompt once, its KV cache shared

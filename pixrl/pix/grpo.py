@@ -362,15 +362,19 @@ def _common_args(out_dir, steps, learning_rate, seed, save_steps, report_to: str
 
 def grpo_config(out_dir, steps: int, *, learning_rate: float, num_generations: int, groups_per_step: int,
                 temperature: float, max_new_tokens: int, seed: int, save_steps: int, scale_rewards: str,
-                loss_type: str, beta: float, num_iterations: int,
+                loss_type: str, beta: float, num_iterations: int, steps_per_generation: int = 1,
                 use_vllm: bool | None = None, chat_template_kwargs: dict | None = None, report_to: str = "none",
                 project: str = "pixrl", run_name: str | None = None) -> GRPOConfig:
     """GRPOConfig for one pix RL stage (batch = `groups_per_step` × G completions, one optimizer step per batch;
     under `accelerate launch` that global batch is split evenly over the processes: `per_device_batch`).
     The knobs have no defaults here: a campaign passes its `CampaignConfig` (the single source of defaults).
-    `fast_rollouts` is not a config field: it is PixGRPOTrainer's (it generates from a LoRA-merged copy)."""
+    `fast_rollouts` is not a config field: it is PixGRPOTrainer's (it generates from a LoRA-merged copy).
+    `steps_per_generation` (TRL's): one generation of `steps_per_generation` batches, each trained on by its own optimizer
+    step; the later steps' rows are off-policy by that many updates (TRL's clipped ratio to the generating policy)."""
     if num_generations < 2:
         raise ValueError(f"num_generations must be >= 2 (GRPO needs a group), got {num_generations!r}")
+    if isinstance(steps_per_generation, bool) or not isinstance(steps_per_generation, int) or steps_per_generation < 1:
+        raise ValueError(f"steps_per_generation={steps_per_generation!r}; accepted: an integer >= 1 (1: generate every step)")
     vllm = resolve_use_vllm(use_vllm)
     extra = {"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.35} if vllm else {}
     return GRPOConfig(**_common_args(out_dir, steps, learning_rate, seed, save_steps, report_to, project, run_name),
@@ -378,7 +382,7 @@ def grpo_config(out_dir, steps: int, *, learning_rate: float, num_generations: i
                       gradient_accumulation_steps=1,
                       num_generations=num_generations, max_completion_length=max_new_tokens, temperature=temperature,
                       top_k=0, top_p=1.0, beta=beta, scale_rewards=scale_rewards, loss_type=loss_type,
-                      num_iterations=num_iterations,
+                      num_iterations=num_iterations, steps_per_generation=steps_per_generation,
                       use_vllm=vllm, log_completions=False,
                       mask_truncated_completions=False,
                       chat_template_kwargs=chat_template_kwargs or None, **extra)
@@ -504,7 +508,7 @@ def start_rollout_server(policy: Policy, model_dir: str, out_dir: Path, seed: in
 def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate: float, lora_r: int,
              num_generations: int, groups_per_step: int, temperature: float, max_new_tokens: int | None, seed: int,
              save_steps: int, reward: str, scale_rewards: str, loss_type: str, beta: float, num_iterations: int,
-             fast_rollouts: bool, replay_tasks: list = (), replay_share: float = 0.0, use_vllm: bool | None = None,
+             fast_rollouts: bool, steps_per_generation: int = 1, replay_tasks: list = (), replay_share: float = 0.0, use_vllm: bool | None = None,
              vllm_mode: str = "off", vllm_logprob_tol: float = VLLM_LOGPROB_TOL, shared_prefix: bool = False, callbacks: list = (), prompts: dict | None = None, edit_of: dict | None = None, edit_reward: str = "revision", best_of: int = 4, reward_best_of: int = 1, thinking: bool | None = None, report_to: str = "none",
              project: str = "pixrl", run_name: str | None = None) -> dict:
     """One GRPO stage from `model_dir` on `tasks` (+ replay); resumes from the last checkpoint in `out_dir`.
@@ -537,7 +541,7 @@ def run_grpo(model_dir: str, tasks: list, out_dir, *, steps: int, learning_rate:
                       groups_per_step=groups_per_step, temperature=temperature,
                       max_new_tokens=int(max_new_tokens or policy.max_new_tokens), seed=seed,
                       save_steps=save_steps, scale_rewards=scale_rewards, loss_type=loss_type, beta=beta,
-                      num_iterations=num_iterations,
+                      num_iterations=num_iterations, steps_per_generation=steps_per_generation,
                       use_vllm=use_vllm,
                       chat_template_kwargs=thinking_kwargs(policy.processor or policy.tokenizer, thinking),
                       report_to=report_to, project=project, run_name=run_name)
