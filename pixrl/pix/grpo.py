@@ -367,8 +367,8 @@ def grpo_config(out_dir, steps: int, *, learning_rate: float, num_generations: i
                 project: str = "pixrl", run_name: str | None = None) -> GRPOConfig:
     """GRPOConfig for one pix RL stage (batch = `groups_per_step` × G completions, one optimizer step per batch;
     under `accelerate launch` that global batch is split evenly over the processes: `per_device_batch`).
-    The knobs have no defaults here: a campaign passes its `CampaignConfig` (the single source of defaults).
-    `fast_rollouts` is not a config field: it is PixGRPOTrainer's (it generates from a LoRA-merged copy).
+    The knobs have no defaults here (but `steps_per_generation`: 1, as before it was one): a campaign passes its
+    `CampaignConfig` (the single source of defaults). `fast_rollouts` is not a config field: it is PixGRPOTrainer's (it generates from a LoRA-merged copy).
     `steps_per_generation` (TRL's): one generation of `steps_per_generation` batches, each trained on by its own optimizer
     step; the later steps' rows are off-policy by that many updates (TRL's clipped ratio to the generating policy)."""
     if num_generations < 2:
