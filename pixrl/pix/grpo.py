@@ -162,12 +162,13 @@ class PeriodicProbe(TrainerCallback):
             f.write(json.dumps(row) + "\n")
 
 def time_shares(log_history: list[dict]) -> dict:
-    "Fractions of the summed step time spent in generation / evaluation / optimisation (+ mean step seconds)."
-    rows = [r for r in log_history if "step_time" in r and "time/generation_s" in r]
-    if not rows:
+    """Fractions of the summed step time spent in generation / evaluation / optimisation (+ mean step seconds). Every
+    step counts: under `steps_per_generation` or `num_iterations` > 1 most steps generate nothing (no generation row)."""
+    rows = [r for r in log_history if "step_time" in r]
+    if not any("time/generation_s" in r for r in rows):
         return {}
     tot = sum(r["step_time"] for r in rows)
-    gen = sum(r["time/generation_s"] for r in rows)
+    gen = sum(r.get("time/generation_s", 0.0) for r in rows)
     ev = sum(r.get("time/evaluation_s", 0.0) for r in rows)
     return {"generation": gen / tot, "evaluation": ev / tot, "optimisation": max(0.0, tot - gen - ev) / tot,
             "step_s": tot / len(rows), "steps": len(rows)}
