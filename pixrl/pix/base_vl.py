@@ -20,8 +20,9 @@ __all__ = ['VL_BASE_SPEC', 'VL_CELLS', 'VL_TARGETS', 'ROLES', 'VLBaseConfig', 'i
 # %% ../../nbs/pix/06b_base_vl.ipynb #c004
 VL_BASE_SPEC = PromptSpec(representation="py", api_doc=False, vision=True, image_size=MODEL_IMAGE_SHAPE[0])
 VL_CELLS = (32, 64)   # the program's grid: the prompt raster's resolution, or the model image's own
-VL_TARGETS = ("bands", "rows", "program")   # one call per band of identical rows (the text bases' programs), one call per
-                                            # row, or the scene's own program (its primitives: base.cell_primitive)
+VL_TARGETS = ("bands", "rows", "program", "mix")   # one call per band of identical rows (the text bases' programs), one
+                                                   # call per row, the scene's own program (its primitives:
+                                                   # base.cell_primitive), or both: bands for even scenes, primitives for odd
 
 
 @dataclasses.dataclass
@@ -35,7 +36,8 @@ class VLBaseConfig:
     target: str = "bands"        # what it writes (VL_TARGETS): "bands", or "rows" (every band split into its rows: a band's
                                  # extent is decided row by row, not before its first number; ≈ 1.7 × the tokens), or
                                  # "program" (the scene's own primitives — rect, circle, ring, path, polygon, loops — on
-                                 # its 32-cell grid: shapes instead of runs; cells 32 only)
+                                 # its 32-cell grid: shapes instead of runs; cells 32 only), or "mix" (both: an
+                                 # even-numbered scene's bands, an odd-numbered one's primitives; cells 32 only)
     steps: int = 4000            # optimizer steps (≈ 1.45 s each at batch 16 on 2 cores: ≈ 1.6 h)
     batch_size: int = 16         # scenes per step, each seen once
     lr: float = 2e-3             # peak AdamW learning rate (no weight decay, grad-norm clip 1.0), all weights
@@ -56,8 +58,8 @@ class VLBaseConfig:
             raise ValueError(f"VLBaseConfig.cells {self.cells!r}; accepted: {VL_CELLS}")
         if self.target not in VL_TARGETS:
             raise ValueError(f"VLBaseConfig.target {self.target!r}; accepted: {VL_TARGETS}")
-        if self.target == "program" and self.cells != BASE_CELLS:
-            raise ValueError(f"VLBaseConfig.cells {self.cells!r} with target 'program'; accepted: {BASE_CELLS} (the grid "
+        if self.target in ("program", "mix") and self.cells != BASE_CELLS:
+            raise ValueError(f"VLBaseConfig.cells {self.cells!r} with target {self.target!r}; accepted: {BASE_CELLS} (the grid "
                              "the scenes' programs are drawn on)")
         for f in ("vision_hidden", "vision_layers", "steps", "batch_size", "warmup", "ckpt_every", "max_chars", "max_new_tokens"):
             v = getattr(self, f)
@@ -116,14 +118,17 @@ def row_bands(bands: list) -> list:
 
 def vl_program(scene, target: str = "bands", cells: int = 32) -> str:
     """The program a VL base is taught to write for `scene` (`VL_TARGETS`): its band program, the same split into rows,
-    or the scene's own program (on its 32-cell grid)."""
+    the scene's own program (on its 32-cell grid), or — "mix" — the band program of an even-numbered scene and the
+    own program of an odd-numbered one (`cell-0000007` is odd)."""
     if target not in VL_TARGETS:
         raise ValueError(f"vl_program: target {target!r}; accepted: {VL_TARGETS}")
+    if target == "mix":
+        target = "program" if int(scene.id.rsplit("-", 1)[1]) % 2 else "bands"
     if target == "bands":
         return band_program(scene, cells)
     if target == "program":
         if cells != BASE_CELLS:
-            raise ValueError(f"vl_program: cells {cells!r} with target 'program'; accepted: {BASE_CELLS}")
+            raise ValueError(f"vl_program: cells {cells!r} with target 'program' or 'mix'; accepted: {BASE_CELLS}")
         return scene.program
     return band_source(scene.footprint_um, row_bands(ink_bands(scene.model_image, cells)), cells)
 
