@@ -15,12 +15,14 @@ TEST_WORKERS ?= 2
 
 setup: $(STAMP)
 
-# torch first, from this machine's CPU build: a plain `torch` requirement would pull a multi-GB CUDA build.
+# torch first, with pip, from this machine's CPU build (uv does not look on this disk): a plain `torch` requirement
+# would pull a multi-GB CUDA build. The rest with uv: the same versions pip resolves, in ≈ 7 s instead of ≈ 80 s.
+UV_VERSION := 0.13.9
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q torch==2.13.0 uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip install --python $(PY) -q -e ".[dev]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (pixrl .venv)" >/dev/null
 	touch $@
 
