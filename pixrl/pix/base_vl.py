@@ -122,13 +122,13 @@ def vl_program(scene, target: str = "bands", cells: int = 32) -> str:
     own program of an odd-numbered one (`cell-0000007` is odd)."""
     if target not in VL_TARGETS:
         raise ValueError(f"vl_program: target {target!r}; accepted: {VL_TARGETS}")
+    if target in ("program", "mix") and cells != BASE_CELLS:     # refused for every scene, not only the odd ones
+        raise ValueError(f"vl_program: cells {cells!r} with target {target!r}; accepted: {BASE_CELLS}")
     if target == "mix":
         target = "program" if int(scene.id.rsplit("-", 1)[1]) % 2 else "bands"
     if target == "bands":
         return band_program(scene, cells)
     if target == "program":
-        if cells != BASE_CELLS:
-            raise ValueError(f"vl_program: cells {cells!r} with target 'program' or 'mix'; accepted: {BASE_CELLS}")
         return scene.program
     return band_source(scene.footprint_um, row_bands(ink_bands(scene.model_image, cells)), cells)
 
