@@ -36,8 +36,7 @@ vllm-env:
 	PY=$(SYSPY) bash scripts/vllm_env.sh
 
 # The test target: both environments (built side by side), then the generated package and cleaned notebooks must
-# already be committed, then all tests: every notebook as nbdev_test runs it (tests/test_notebooks.py) and tests/, in one
-# pool of workers that takes whole scopes (a test module, a notebook), the longest first (tests/conftest.py).
+# already be committed, then all tests.
 test:
 	$(MAKE) --no-print-directory -j2 setup vllm-env
 	nbdev_export
@@ -46,8 +45,8 @@ test:
 	nbdev_clean
 	@if [ -n "$$(git status --porcelain -- nbs)" ]; then \
 	  echo "nbdev_clean changed notebooks — run nbdev_clean and commit:"; git status --porcelain -- nbs; exit 1; fi
-	OMP_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
-	  --durations=15 tests
+	OMP_NUM_THREADS=1 nbdev_test
+	OMP_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --durations=15 tests
 
 # The main job: arm B (base RL L0 -> L4) on the embedded pixrl-base-long; re-running resumes (finished stages are skipped).
 train: setup

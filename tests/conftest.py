@@ -1,6 +1,5 @@
 """Fixtures and helpers shared by several test files."""
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -61,60 +60,3 @@ def release_copy(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("PIXRL_CACHE", cache_with_data(dst))
     assert tasks.cache_dir(tasks.RELEASE) == dst / tasks.RELEASE
     return dst / tasks.RELEASE
-
-
-# --- make test's schedule: whole scopes, the longest first ---------------------------------------------------------------
-# `make test` runs `pytest -n 2 --dist loadscope --no-loadscope-reorder`, with the scope below: a test module (its
-# module-scoped fixtures are built once, on one worker), or one notebook of test_notebooks.py. A free worker takes the
-# next scope in collection order; collected longest first (greedy longest-processing-time), the last scopes taken are
-# short, so neither worker waits long on the other at the end. The seconds come from tests/durations.json, written by
-# a run with PIXRL_TEST_DURATIONS set:   PIXRL_TEST_DURATIONS=tests/durations.json make test
-DURATIONS = Path(__file__).with_name("durations.json")
-UNTIMED_S = 10.0                                       # a scope durations.json does not know yet
-NOTEBOOK_TEST = "tests/test_notebooks.py::test_notebook["
-
-
-def scope_of(nodeid: str) -> str:
-    "The scheduling scope of a test: a notebook's test is its own; any other test's is its module's path."
-    return nodeid if nodeid.startswith(NOTEBOOK_TEST) else nodeid.split("::", 1)[0]
-
-
-def longest_first(items: list, seconds: dict) -> list:
-    "`items` grouped by scope, scopes ordered by recorded seconds (most first, ties in collection order), items kept in order."
-    scopes: dict[str, list] = {}
-    for item in items:
-        scopes.setdefault(scope_of(item.nodeid), []).append(item)
-    order = sorted(scopes, key=lambda s: -seconds.get(s, UNTIMED_S))       # sorted is stable: ties keep collection order
-    return [item for s in order for item in scopes[s]]
-
-
-def pytest_collection_modifyitems(session, config, items):
-    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
-    items[:] = longest_first(items, seconds)
-
-
-def pytest_xdist_make_scheduler(config, log):
-    "Under --dist loadscope: xdist's scheduler with `scope_of` as its scope; any other --dist: xdist's own."
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByScope(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return scope_of(nodeid)
-    return ByScope(config, log)
-
-
-_spent: dict[str, float] = {}
-
-
-def pytest_runtest_logreport(report):
-    "Seconds per scope (setup + call + teardown), summed where the reports arrive (under xdist: the controller)."
-    scope = scope_of(report.nodeid)
-    _spent[scope] = _spent.get(scope, 0.0) + report.duration
-
-
-def pytest_sessionfinish(session, exitstatus):
-    out = os.environ.get("PIXRL_TEST_DURATIONS")
-    if out and not hasattr(session.config, "workerinput") and exitstatus == 0:
-        Path(out).write_text(json.dumps({k: round(v, 1) for k, v in sorted(_spent.items())}, indent=0) + "\n")
