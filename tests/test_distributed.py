@@ -1,5 +1,7 @@
 """pix campaign stages under `accelerate launch` (CampaignConfig.num_processes): arm A's sft-L0 and rl-L0 in 2 CPU
-(gloo) processes, and the same campaign in 1 process, both started by the campaign CLI as users start them.
+(gloo) processes, and the same campaign in 1 process, both started by the campaign CLI as users start them — through
+nbs/ddp_smoke.ipynb run by papermill (arm A, pixrl-tiny, into a scratch folder), the notebook that records the
+side-by-side run; nbdev_test skips it so that make test runs the two campaigns once.
 
 Checked: each rank generated its share of every batch, the global batch per optimizer step is the config's
 (groups_per_step · num_generations = per device × processes, as TRL computes it), both ranks end with identical trainable
@@ -8,7 +10,10 @@ weights that moved during training, and the 2-process stage's probe is within th
 before anything trains. The SFT stage runs under the same launcher: each rank trains on its
 shard of every batch (sft_batch / num_processes examples), and the ranks end with identical moved weights.
 The mem trainer's 2-process run is in tests/test_mem_distributed.py. Not covered here: GPUs/NCCL, DeepSpeed, vLLM."""
-import json, os, subprocess, sys
+import json
+from pathlib import Path
+
+import papermill as pm
 import pytest
 from pixrl.pix.campaign import CampaignConfig, validate, process_capacity
 from pixrl.stats import paired_bootstrap, per_task_means
@@ -21,42 +26,28 @@ SFT, RL = 0, 1                     # arm A's stages at level 0: sft-L0, rl-L0
 SFT_EPOCHS = 0.2                   # of L0's 400 examples: 5 optimizer steps of CampaignConfig().sft_batch (16), 8 per rank
 
 
-def _cmd(root, name, num_processes, arm="A"):
-    return [sys.executable, "-m", "pixrl.pix.campaign", "run", "--arm", arm, "--model", "pixrl-tiny", "--runs-root",
-            str(root), "--name", name, "--levels", "0", "--steps-per-level", str(STEPS), "--probe-per-level", "2",
-            "--probe-k", "2", "--groups-per-step", str(GROUPS), "--num-generations", str(GENERATIONS), "--max-new-tokens", "48",
-            "--lora-r", "8", "--preflight-control-n", "10", "--sft-epochs", str(SFT_EPOCHS), "--num-processes", str(num_processes)]
-
-
-def _root_and_env(tmp_path_factory, name):
-    "A scratch root for a 2-process fixture and the campaign's environment (its own cache, 1 thread per rank)."
-    if process_capacity()[0] < 2:
-        pytest.skip("needs 2 CPU cores or 2 CUDA devices")
-    root = tmp_path_factory.mktemp(name)
-    return root, {**os.environ, "PIXRL_CACHE": cache_with_data(root / "cache"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def _run(cmd, env, run_dir, timeout=900):
-    "Run one campaign to its end; on a non-zero exit or a timeout, fail with its output and campaign.log (no process left)."
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, 9)
-        out, _ = p.communicate()
-        out += f"\n[test] killed after {timeout} s"
-    log = run_dir / "campaign.log"
-    assert p.returncode == 0, out[-3000:] + (log.read_text()[-3000:] if log.exists() else "")
+NBS = Path(__file__).resolve().parents[1] / "nbs"
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Arm A (sft-L0, then rl-L0) in 1 process, then in 2; {num_processes: run directory}. One after the other: side by
-    side, with the other test worker busy, four processes would share the 2 cores."""
-    root, env = _root_and_env(tmp_path_factory, "ddp")
-    for n in (1, 2):
-        _run(_cmd(root / "runs", f"p{n}", n), env, root / "runs" / f"p{n}")
-    return {n: root / "runs" / f"p{n}" for n in (1, 2)}
+    """nbs/ddp_smoke.ipynb with arm A: the campaign in 1 process, then in 2 (one after the other: side by side, with
+    the other test worker busy, four processes would share the 2 cores); {num_processes: run directory}."""
+    if process_capacity()[0] < 2:
+        pytest.skip("needs 2 CPU cores or 2 CUDA devices")
+    root = tmp_path_factory.mktemp("ddp")
+    env = {"PIXRL_CACHE": cache_with_data(root / "cache"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    params = dict(arm="A", model="pixrl-tiny", levels="0", steps=STEPS, groups_per_step=GROUPS, num_generations=GENERATIONS,
+                  probe_per_level=2, probe_k=2, preflight_control_n=10, max_new_tokens=48, lora_r=8, sft_epochs=SFT_EPOCHS,
+                  runs_root=str(root / "runs"), allow_dirty=True)
+    with pytest.MonkeyPatch.context() as mp:                   # the kernel, and the campaigns it starts, inherit these
+        for k, v in env.items():
+            mp.setenv(k, v)
+        pm.execute_notebook(str(NBS / "ddp_smoke.ipynb"), str(root / "ddp_smoke.ipynb"), cwd=str(NBS), kernel_name="python3",
+                            progress_bar=False, parameters=params, execution_timeout=900)
+    out = root / "runs" / "ddp_smoke"
+    assert json.loads((out / "summary.json").read_text())["config"]["arm"] == "A"
+    return {n: out / f"p{n}" for n in (1, 2)}
 
 
 def _stage(run_dir, k=RL) -> dict:

@@ -25,9 +25,10 @@ def _picked(path: Path, samples: list) -> list:
     return [samples[i] for i in idx]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reevaluated():
-    "{path: (its samples, their re-evaluated results)} for every committed probe file, from one batch."
+    """{path: (its samples, their re-evaluated results)} for every committed probe file, from one batch (session scope:
+    an xdist worker that interleaves this module's tests with others' evaluates it once, not on every return)."""
     tasks = {t.id: t for t in load_split("validation")}
     samples = {p: _picked(p, json.loads(p.read_text())["samples"]) for p in PROBES}
     flat = [s for p in PROBES for s in samples[p]]

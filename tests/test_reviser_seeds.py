@@ -6,6 +6,7 @@ from pathlib import Path
 import papermill as pm
 import pytest
 
+from pixrl.pix.agent_loop import LoopConfig, check_reviser_run
 from pixrl.pix.harvest import attempt_iou
 from pixrl.stats import seed_ci
 
@@ -140,16 +141,29 @@ def test_reviser_train_refuses_an_untrained_loop_of_another_shape_before_trainin
                               {**MOVER_12, "compare_to": "agent_loop_mover"})
 
 
-def test_reviser_train_refuses_an_untrained_loop_sampling_otherwise_before_training(tmp_path):
+def _refused_by_check(match: str, params: dict, error=ValueError):
+    "`check_reviser_run`, which reviser_train calls before anything loads, refuses `params` (the notebook's names)."
+    p = {"model": "pixrl-base-reviser", "n_rounds": 3, "n_revisions": 4, "feedback": "global", "revision": "program",
+         "attempts_from": "trained", "attempts_model": "", "train_on": "own", "compare_to": "agent_loop_reviser",
+         "distinct_draws": 0, "untried": False, "revision_max_new_tokens": 0, **params}   # the notebook's defaults
+    cfg = LoopConfig(n_rounds=p["n_rounds"], n_revisions=p["n_revisions"], feedback=p["feedback"], revision=p["revision"],
+                     distinct_draws=p["distinct_draws"], untried=p["untried"],
+                     revision_max_new_tokens=p["revision_max_new_tokens"] or None)
+    with pytest.raises(error, match=match):
+        check_reviser_run(p["model"], cfg, attempts_from=p["attempts_from"], attempts_model=p["attempts_model"],
+                          train_on=p["train_on"], compare_to=p["compare_to"])
+
+
+def test_reviser_train_refuses_an_untrained_loop_sampling_otherwise_before_training():
     "A capped trained loop against an uncapped untrained one (same shape) is refused before any model loads."
-    _refused_by_reviser_train(tmp_path, r"compare_to 'agent_loop_mover_r12u' samples with .*'revision_max_new_tokens': None"
-                                        r".*accepted: an untrained loop sampling as this run does, .*'revision_max_new_tokens': 32",
-                              {**MOVER_12, **UNTRIED_C32, "compare_to": "agent_loop_mover_r12u"})
+    _refused_by_check(r"compare_to 'agent_loop_mover_r12u' samples with .*'revision_max_new_tokens': None"
+                      r".*accepted: an untrained loop sampling as this run does, .*'revision_max_new_tokens': 32",
+                      {**MOVER_12, **UNTRIED_C32, "compare_to": "agent_loop_mover_r12u"})
 
 
-def test_reviser_train_refuses_a_missing_untrained_loop_by_name(tmp_path):
-    _refused_by_reviser_train(tmp_path, r"compare_to 'no_such_loop': loop record .*no_such_loop/loop.json does not exist",
-                              {"compare_to": "no_such_loop"})
+def test_reviser_train_refuses_a_missing_untrained_loop_by_name():
+    _refused_by_check(r"compare_to 'no_such_loop': loop record .*no_such_loop/loop.json does not exist",
+                      {"compare_to": "no_such_loop"}, FileNotFoundError)
 
 
 def _all_text(out) -> str:
@@ -205,28 +219,26 @@ def test_by_round_refuses_seeds_whose_loops_differ_in_shape(tmp_path):
         _run(tmp_path, runs, runs_root=str(tmp_path))
 
 
-def test_reviser_train_refuses_attempts_model_with_attempts_from_trained(tmp_path):
-    _refused_by_reviser_train(tmp_path, r"attempts_model='pixrl-base' with attempts_from='trained'; accepted: "
-                                        r"attempts_model with attempts_from 'untrained'",
-                              {"attempts_model": "pixrl-base", "attempts_from": "trained", "compare_to": ""})
+def test_reviser_train_refuses_attempts_model_with_attempts_from_trained():
+    _refused_by_check(r"attempts_model='pixrl-base' with attempts_from='trained'; accepted: "
+                      r"attempts_model with attempts_from 'untrained'",
+                      {"attempts_model": "pixrl-base", "attempts_from": "trained", "compare_to": ""})
 
 
-def test_reviser_train_refuses_an_untrained_loop_whose_attempts_another_model_wrote(tmp_path):
+def test_reviser_train_refuses_an_untrained_loop_whose_attempts_another_model_wrote():
     "Trained revisions of pixrl-base's attempts set against a loop of the mover's own attempts: refused before training."
-    _refused_by_reviser_train(tmp_path, r"compare_to 'agent_loop_mover_r12u_c32': first attempts by 'pixrl-base-mover', "
-                                        r"revisions by 'pixrl-base-mover'; accepted: first attempts by 'pixrl-base' "
-                                        r"and revisions by the untrained 'pixrl-base-mover'",
-                              {**MOVER_12, **UNTRIED_C32, "attempts_from": "untrained", "attempts_model": "pixrl-base",
-                               "compare_to": "agent_loop_mover_r12u_c32"})
+    _refused_by_check(r"compare_to 'agent_loop_mover_r12u_c32': first attempts by 'pixrl-base-mover', "
+                      r"revisions by 'pixrl-base-mover'; accepted: first attempts by 'pixrl-base' "
+                      r"and revisions by the untrained 'pixrl-base-mover'",
+                      {**MOVER_12, **UNTRIED_C32, "attempts_from": "untrained", "attempts_model": "pixrl-base",
+                       "compare_to": "agent_loop_mover_r12u_c32"})
 
 
-def test_reviser_train_refuses_training_on_the_writer_without_one(tmp_path):
+def test_reviser_train_refuses_training_on_the_writer_without_one():
     "train_on 'writer' revises attempts_model's attempts in GRPO: with no attempts_model there is none, refused before training."
-    _refused_by_reviser_train(tmp_path, r"train_on='writer' with attempts_model=''; accepted: "
-                                        r"train_on 'writer' with an attempts_model",
-                              {"train_on": "writer", "attempts_from": "untrained", "compare_to": ""})
+    _refused_by_check(r"train_on='writer' with attempts_model=''; accepted: train_on 'writer' with an attempts_model",
+                      {"train_on": "writer", "attempts_from": "untrained", "compare_to": ""})
 
 
-def test_reviser_train_refuses_an_unknown_train_on(tmp_path):
-    _refused_by_reviser_train(tmp_path, r"train_on='mine'; accepted: \('own', 'writer'\)",
-                              {"train_on": "mine", "compare_to": ""})
+def test_reviser_train_refuses_an_unknown_train_on():
+    _refused_by_check(r"train_on='mine'; accepted: \('own', 'writer'\)", {"train_on": "mine", "compare_to": ""})

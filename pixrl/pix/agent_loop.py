@@ -14,13 +14,14 @@ from .tasks import Task, release_digest
 # %% auto #0
 __all__ = ['CLOSENESS_BUCKETS', 'DIRECTION_TOL', 'STATUS_FEEDBACK', 'DIRECTION_FEEDBACK', 'FEEDBACK_KINDS', 'REVISION_KINDS',
            'REVISION_ASKS', 'EDIT_REJECTED', 'LOOP_KIND', 'PLAIN_SEED_OFFSET', 'LOOP_SHAPE', 'LOOP_DRAWS',
-           'REGION_NAMES', 'REGION_MIN_SHARE', 'SCRIPTED_GUIDES', 'IOU_TOL', 'redact_numbers', 'material_direction',
-           'closeness', 'feedback', 'revision_prompt', 'apply_move', 'apply_edit', 'verify_edits', 'round_feedback',
-           'revision_prompts', 'LoopConfig', 'answer_key', 'first_distinct', 'tried_answers', 'run_agent_loop',
-           'loop_summary', 'revision_stats', 'champion_by_round', 'loop_budget', 'loop_shape', 'loop_draws',
-           'best_of_plain', 'loop_vs_plain', 'record_best', 'loop_vs_record', 'region_directions', 'region_feedback',
-           'region_sentence', 'scripted_loop', 'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy',
-           'resolve_tasks', 'served_meta', 'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
+           'ATTEMPTS_FROM', 'TRAIN_ON', 'REGION_NAMES', 'REGION_MIN_SHARE', 'SCRIPTED_GUIDES', 'IOU_TOL',
+           'redact_numbers', 'material_direction', 'closeness', 'feedback', 'revision_prompt', 'apply_move',
+           'apply_edit', 'verify_edits', 'round_feedback', 'revision_prompts', 'LoopConfig', 'answer_key',
+           'first_distinct', 'tried_answers', 'run_agent_loop', 'loop_summary', 'revision_stats', 'champion_by_round',
+           'loop_budget', 'loop_shape', 'loop_draws', 'best_of_plain', 'loop_vs_plain', 'record_best', 'loop_vs_record',
+           'check_reviser_run', 'region_directions', 'region_feedback', 'region_sentence', 'scripted_loop',
+           'check_loop_record', 'EndpointError', 'EndpointPolicy', 'make_policy', 'resolve_tasks', 'served_meta',
+           'served_prompt_spec', 'cli_prompt_spec', 'cli_main']
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #b634cf9c
 CLOSENESS_BUCKETS = (  # (lower IoU bound, sentence) — first match wins; the bounds never reach the text
@@ -587,6 +588,47 @@ def loop_vs_record(loop: dict, other: dict, where: str = "record") -> dict:
     return {"other_model": other.get("model"), "other_kind": other["kind"], "n_tasks": len(ids),
             "mean_loop": sum(mine.values()) / len(ids), "mean_other": sum(theirs[t] for t in ids) / len(ids),
             "diff": ci.mean_diff, "ci_lo": ci.lo, "ci_hi": ci.hi, "verdict": ci.verdict}
+
+
+# %% ../../nbs/pix/11_agent_loop.ipynb #2622b762
+ATTEMPTS_FROM = ("trained", "untrained")   # who writes a trained reviser's first attempts
+TRAIN_ON = ("own", "writer")               # whose attempts GRPO's revision prompts revise
+
+def check_reviser_run(model: str, cfg: LoopConfig, attempts_from: str = "trained", attempts_model: str = "",
+                      train_on: str = "own", compare_to: str = "", runs_root=None) -> dict | None:
+    """Refuse a reviser_train run whose settings contradict each other or whose `compare_to` loop
+    (`runs_root/<compare_to>/loop.json`, default the repository's runs/) is not the untrained twin of this run's
+    loop `cfg`; the error names the value and what is accepted. Returns the `compare_to` record (None for "")."""
+    if attempts_from not in ATTEMPTS_FROM:
+        raise ValueError(f"attempts_from={attempts_from!r}; accepted: {ATTEMPTS_FROM}")
+    if attempts_model and attempts_from != "untrained":
+        raise ValueError(f"attempts_model={attempts_model!r} with attempts_from={attempts_from!r}; accepted: attempts_model "
+                         "with attempts_from 'untrained' (the trained policy revises another model's attempts), or attempts_model ''")
+    if train_on not in TRAIN_ON:
+        raise ValueError(f"train_on={train_on!r}; accepted: {TRAIN_ON}")
+    if train_on == "writer" and not attempts_model:
+        raise ValueError(f"train_on='writer' with attempts_model={attempts_model!r}; accepted: train_on 'writer' with an "
+                         "attempts_model (the model whose attempts the loop hands the reviser), or train_on 'own'")
+    if attempts_model:
+        from pixrl.pix.policy import resolve_model
+        resolve_model(attempts_model)                      # an unknown model: refused here, before anything trains
+    if not compare_to:
+        return None
+    from pixrl.core import read_json
+    root = Path(runs_root) if runs_root is not None else Path(repo_root()) / "runs"
+    untrained = read_json(root / compare_to / "loop.json", f"compare_to {compare_to!r}: loop record")
+    if loop_shape(untrained) != loop_shape(cfg):
+        raise ValueError(f"compare_to {compare_to!r} is a loop of shape {loop_shape(untrained)}; accepted: an untrained loop "
+                         f"of this run's shape {loop_shape(cfg)}")
+    if loop_draws(untrained) != loop_draws(cfg):
+        raise ValueError(f"compare_to {compare_to!r} samples with {loop_draws(untrained)}; accepted: an untrained loop "
+                         f"sampling as this run does, {loop_draws(cfg)}")
+    writer = attempts_model or model
+    if attempts_from == "untrained" and (untrained["model"], untrained.get("reviser")) != (writer, model):
+        raise ValueError(f"compare_to {compare_to!r}: first attempts by {untrained['model']!r}, revisions by "
+                         f"{untrained.get('reviser')!r}; accepted: first attempts by {writer!r} and revisions by the "
+                         f"untrained {model!r}, so that the loops differ only in the reviser's training")
+    return untrained
 
 
 # %% ../../nbs/pix/11_agent_loop.ipynb #c29c3288
