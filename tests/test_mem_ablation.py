@@ -7,7 +7,10 @@ from pathlib import Path
 
 from conftest import notebook_parameters
 from pixrl.mem.train import MemTrainConfig, PlateauRule, RENAMED, upgrade_saved_config
-from pixrl.mem.ablation import parse_arms, parse_seeds, parse_chunks, arm_seed_dir, _done_record
+from pixrl.mem.ablation import parse_arms, parse_seeds, parse_chunks, arm_seed_dir, _done_record, heldout_spec, check_heldout
+from pixrl.mem.corpus import split_by_project
+from pixrl.mem.model import VAL_FRACTION
+from pixrl.mem.train import cpu_corpus
 
 ROOT = Path(__file__).parents[1]
 RUNS = ROOT / "runs" / "mem_ablation"
@@ -30,7 +33,8 @@ def test_committed_arm_seeds_are_finished_records_under_the_new_names():
 
 
 def _all_arm_seeds_done(p: dict) -> None:
-    "Every arm-seed of the ablation run with notebook parameters `p` is a finished record under its config and rule."
+    """Every arm-seed of the ablation run with notebook parameters `p` is a finished record under its config and rule,
+    measured (as its warm start) on the notebook's held-out records and rollouts."""
     base = MemTrainConfig(model=p["model"], kinds=tuple(k.strip() for k in p["kinds"].split(",")),
                           chunks_per_doc=parse_chunks(p["chunks_per_doc"]), steps=p["steps"], learning_rate=p["learning_rate"],
                           warmup_steps=p["warmup_steps"], beta=p["beta"], groups_per_step=p["groups_per_step"],
@@ -40,17 +44,24 @@ def _all_arm_seeds_done(p: dict) -> None:
                           patience=p["plateau_patience"], min_steps=p["min_steps"],
                           metric=p["plateau_metric"]).validate()
     out = ROOT / "runs" / p["out"]
+    records, _ = cpu_corpus(MemTrainConfig(seed=0, kinds=base.kinds, chunks_per_doc=base.chunks_per_doc))
+    val = split_by_project(records, VAL_FRACTION, 0)[1]
+    val = val[:p["heldout_questions"]] if p["heldout_questions"] else val          # the notebook's held-out records
+    heldout = heldout_spec(val, p["final_rollouts"])
+    warm = json.loads((out / "warm_start.json").read_text())
+    check_heldout(warm.get("heldout"), warm["n_episodes"], heldout, out / "warm_start.json")   # the warm start is reused
     arms, seeds = parse_arms(p["arms"]), parse_seeds(p["seeds"])
     for arm in arms:
         for seed in seeds:
-            rec = _done_record(out, arm, seed, base, plateau)
+            rec = _done_record(out, arm, seed, base, plateau, heldout)
             assert rec is not None, (arm.name, seed)                          # finished, not to be retrained
             assert rec["stop_reason"].startswith("validation plateau") or rec["steps_done"] == p["steps"]
 
 
 def test_make_mem_ablation_skips_every_committed_arm_seed():
     """`make mem-ablation` (nbs/mem_ablation.ipynb's own parameters) over its committed run (runs/<out>) finds every
-    arm-seed finished for its configuration and stopping rule: a re-run trains nothing, and a changed default would be
+    arm-seed finished for its configuration and stopping rule, and every one and the warm start measured on its held-out
+    records and rollouts: a re-run trains nothing, and a changed default would be
     refused here before it mixes two recipes in one folder."""
     _all_arm_seeds_done(notebook_parameters(ROOT / "nbs" / "mem_ablation.ipynb"))
 

@@ -2,7 +2,7 @@
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #a1153ac1
 from __future__ import annotations
-import dataclasses, json, math, numbers, re, time
+import dataclasses, hashlib, json, math, numbers, re, time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,9 +20,9 @@ from .rollout import Gen
 # %% auto #0
 __all__ = ['NO_ALPHA', 'FINAL_KEYS', 'LAST10_TRAIN', 'STOPS', 'CHUNK_NAMES', 'UPDATE_RULES', 'EXIT_RULES', 'WARM_KEYS',
            'EVIDENCE_SLACK', 'Arm', 'parse_arms', 'parse_seeds', 'parse_chunks', 'arm_seed_dir', 'arm_seed_record',
-           'run_arm_seed', 'run_ablation', 'gate_credit', 'stop_kind', 'stop_table', 'chunk_names', 'gate_rates',
-           'GateOverride', 'summarize', 'arm_table', 'vs_warm_start', 'collapse_test', 'warm_start_bars',
-           'compare_arms']
+           'heldout_spec', 'check_heldout', 'run_arm_seed', 'run_ablation', 'gate_credit', 'stop_kind', 'stop_table',
+           'chunk_names', 'gate_rates', 'GateOverride', 'summarize', 'arm_table', 'vs_warm_start', 'collapse_test',
+           'warm_start_bars', 'compare_arms']
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #7a253c63
 NO_ALPHA = ("gigpo", "gigpo_verl")   # credit assignments whose advantage has no α (Â = Â_traj + ω·Â_step)
@@ -114,14 +114,36 @@ def arm_seed_dir(out_dir, arm: Arm, seed: int) -> Path:
 
 
 def arm_seed_record(arm: Arm, seed: int, cfg: MemTrainConfig, hist: pd.DataFrame, stop_reason: str, train_wall: float,
-                    final: dict, plateau: PlateauRule | None = None) -> dict:
-    "The content of an arm-seed's `final.json`: what ran, how it stopped (and by which rule), `final` (held-out), the last 10 train steps."
+                    final: dict, plateau: PlateauRule | None = None, heldout: dict | None = None) -> dict:
+    """The content of an arm-seed's `final.json`: what ran, how it stopped (and by which rule), `final` (held-out) and
+    what it was measured on (`heldout`: `heldout_spec`), the last 10 train steps."""
     last = hist.tail(10)
     return dict(arm=arm.name, advantage=arm.advantage, alpha=arm.alpha, omega=arm.omega, seed=seed,
                 steps_planned=cfg.steps, steps_done=int(hist["step"].max()), stop_reason=stop_reason,
                 train_wall_s=round(train_wall, 1), final_val=final,
                 last10_train={k: float(last[c].mean()) for k, c in LAST10_TRAIN},
-                config=dataclasses.asdict(cfg), plateau=None if plateau is None else plateau.record())
+                config=dataclasses.asdict(cfg), plateau=None if plateau is None else plateau.record(), heldout=heldout)
+
+# %% ../../nbs/mem/24_mem_ablation.ipynb #540e77cc
+def heldout_spec(val, rollouts: int) -> dict:
+    "What an end-of-training measurement runs on: the held-out `val` records (count, sha256 of their ids) and `rollouts` per record."
+    ids = "\n".join(r.id for r in val)
+    return dict(records=len(val), rollouts=int(rollouts), ids_sha256=hashlib.sha256(ids.encode()).hexdigest())
+
+
+def check_heldout(saved: dict | None, n_episodes: int, want: dict, where) -> None:
+    """Refuse a saved measurement (at `where`: its `heldout_spec` `saved`, its episode count `n_episodes`) made on other
+    held-out records or rollouts than `want`. `saved` None (a record written before the spec was kept): its
+    `n_episodes` must be `want`'s records × rollouts."""
+    if saved is not None:
+        if saved != want:
+            raise ValueError(f"{where} was measured on {saved}; this run measures {want}: use another out_dir, or the "
+                             f"same held-out records and rollouts")
+        return
+    if n_episodes != want["records"] * want["rollouts"]:
+        raise ValueError(f"{where} was measured on {n_episodes} episodes; this run measures {want['records']} records x "
+                         f"{want['rollouts']} rollouts = {want['records'] * want['rollouts']}: use another out_dir, or the "
+                         f"same held-out records and rollouts")
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #4e89b5a3
 def run_arm_seed(arm: Arm, seed: int, base: MemTrainConfig, train, val, out_dir, final_rollouts: int = 4,
@@ -151,14 +173,15 @@ def run_arm_seed(arm: Arm, seed: int, base: MemTrainConfig, train, val, out_dir,
     final = heldout_metrics(trainer.policy, val, cfg, rollouts=final_rollouts)
     hist = pd.DataFrame(trainer.history)
     write_text_atomic(d / "metrics.csv", hist.to_csv(index=False))
-    out = arm_seed_record(arm, seed, cfg, hist, stop_reason, train_wall, final, plateau)
+    out = arm_seed_record(arm, seed, cfg, hist, stop_reason, train_wall, final, plateau, heldout_spec(val, final_rollouts))
     write_text_atomic(d / "final.json", json.dumps(out, indent=1, default=str))
     return out
 
 # %% ../../nbs/mem/24_mem_ablation.ipynb #903d9d09
-def _done_record(out_dir, arm: Arm, seed: int, base: MemTrainConfig, plateau: PlateauRule | None = None) -> dict | None:
+def _done_record(out_dir, arm: Arm, seed: int, base: MemTrainConfig, plateau: PlateauRule | None = None,
+                 heldout: dict | None = None) -> dict | None:
     """The arm-seed's final record when it finished before (for this configuration and stopping rule, its config under
-    today's names), else None."""
+    today's names; measured on the `heldout` records and rollouts when given: `check_heldout`), else None."""
     f = arm_seed_dir(out_dir, arm, seed) / "final.json"
     if not f.exists():
         return None
@@ -173,6 +196,8 @@ def _done_record(out_dir, arm: Arm, seed: int, base: MemTrainConfig, plateau: Pl
     if rec.get("plateau") != rule:
         raise ValueError(f"{f} was written under another stopping rule ({rec.get('plateau')}); this ablation's is "
                          f"{rule}: use another out_dir")
+    if heldout is not None:
+        check_heldout(rec.get("heldout"), rec["final_val"]["n_episodes"], heldout, f)
     return rec
 
 
@@ -185,13 +210,14 @@ def run_ablation(arms, seeds, base: MemTrainConfig, train, val, out_dir, final_r
                  max_wall_s: float = 600.0, on_step=None, log=print, workers: int = 1,
                  plateau: PlateauRule | None = None) -> dict:
     """Every arm × seed (seed-major), skipping arm-seeds whose `final.json` is already there (a damaged one is
-    refused: `CorruptRecord` names it); each stops on `plateau` when one is given (`run_arm_seed`). `workers` > 1: that many arm-seeds at a time, each in its own spawned
+    refused: `CorruptRecord` names it; one measured on other held-out records or rollouts too: `check_heldout`); each stops on `plateau` when one is given (`run_arm_seed`). `workers` > 1: that many arm-seeds at a time, each in its own spawned
     process (`base.threads` torch threads each); the numbers do not depend on it. Returns {arm name: {seed: record}}."""
     results = {arm.name: {} for arm in arms}
     todo = []
+    want = heldout_spec(val, final_rollouts)
     for seed in seeds:
         for arm in arms:
-            rec = _done_record(out_dir, arm, seed, base, plateau)
+            rec = _done_record(out_dir, arm, seed, base, plateau, want)
             if rec is None:
                 todo.append((arm, seed))
             else:
