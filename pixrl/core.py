@@ -17,10 +17,10 @@ __all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'NOISY_NAME', 'L
            'DIRTY_SHOWN', 'RUN_LINES', 'RUN_STATUSES', 'REGISTRY_KEYS', 'RECORD_FIELDS', 'MODEL_NAMES', 'repo_root',
            'cache_dir', 'dirty_files', 'git_state', 'package_versions', 'DirtyTree', 'recorded_run', 'require_clean',
            'run_record', 'Timer', 'set_seed', 'CorruptRecord', 'write_text_atomic', 'read_json', 'rank', 'world_size',
-           'is_main_rank', 'end_process_group', 'exit_launched_rank', 'params_digest', 'Accepts', 'setting',
-           'field_accepts', 'undeclared', 'accepted', 'check_fields', 'refuse_old_names', 'upgrade_names',
-           'check_run_entry', 'check_record', 'read_registry', 'run_status', 'notebook_outputs', 'notebook_record',
-           'notebook_wall', 'run_record_of']
+           'is_main_rank', 'end_process_group', 'exit_launched_rank', 'params_digest', 'thread_cap', 'CpuLease',
+           'Accepts', 'setting', 'field_accepts', 'undeclared', 'accepted', 'check_fields', 'refuse_old_names',
+           'upgrade_names', 'check_run_entry', 'check_record', 'read_registry', 'run_status', 'notebook_outputs',
+           'notebook_record', 'notebook_wall', 'run_record_of']
 
 # %% ../nbs/00_core.ipynb #5141a9af
 IN_TEST = bool(os.environ.get("IN_TEST"))  # set by nbdev_test: shrink notebook defaults under it
@@ -234,6 +234,71 @@ def params_digest(model) -> str:
             h.update(p.detach().float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
+
+# %% ../nbs/00_core.ipynb #0852f58f
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:                            # alive, another user's
+        return True
+    return True
+
+def thread_cap() -> int | None:
+    "`OMP_NUM_THREADS` when it is a positive int (the standard cap on a process's threads), else None (not set, or not a number)."
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+class CpuLease:
+    "Torch threads = this process's cores // the pixrl processes holding a lease now (re-read at each `apply`), at most `thread_cap()`; see above."
+    def __init__(self, lease_dir=None):
+        import torch
+        self.before = torch.get_num_threads()         # restored when an owned lease is released
+        self.dir = Path(lease_dir) if lease_dir else cache_dir("cpu_leases")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.lease = self.dir / str(os.getpid())
+        self.owned = not self.lease.exists()          # an outer holder (the campaign's stage process) keeps its lease
+        self.lease.touch()
+        self.threads = None
+        self.apply()
+
+    def stages(self) -> int:
+        "The pixrl processes holding a lease now (this one included); dead holders' leases are removed."
+        live = 0
+        for f in self.dir.iterdir():
+            if not f.name.isdigit():
+                continue
+            if _alive(int(f.name)):
+                live += 1
+            else:
+                f.unlink(missing_ok=True)
+        return max(1, live)
+
+    def apply(self) -> int:
+        "Set torch's threads to this process's share of the cores (`PIXRL_CPU_SHARE=0`: torch's default); returns it."
+        import torch
+        if os.environ.get("PIXRL_CPU_SHARE", "1") == "0":
+            return torch.get_num_threads()
+        threads = max(1, len(os.sched_getaffinity(0)) // self.stages())
+        threads = min(threads, thread_cap() or threads)
+        if threads != self.threads:
+            torch.set_num_threads(threads)
+            self.threads = threads
+        return threads
+
+    def release(self) -> None:
+        "Give the lease back (an owned one: its file removed, torch's threads as they were before it)."
+        import torch
+        if self.owned and self.lease.exists():
+            self.lease.unlink(missing_ok=True)
+            torch.set_num_threads(self.before)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
 
 # %% ../nbs/00_core.ipynb #db61bd28
 _KINDS = {"bool": bool, "int": int, "float": float, "str": str, "tuple": tuple}

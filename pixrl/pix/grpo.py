@@ -20,7 +20,7 @@ from .policy import load_policy, save_policy, Policy, format_answer
 from .prompt import prompt_text, user_turn, thinking_kwargs
 from .reward import make_reward_fn, DEFAULT_REWARD
 from ..tracking import append_progress, progress_row, trl_report_args
-from ..core import cache_dir, rank, world_size, is_main_rank, params_digest   # the process helpers (00_core); re-exported here
+from ..core import cache_dir, rank, world_size, is_main_rank, params_digest, CpuLease, thread_cap   # the process helpers (00_core); re-exported here
 from ..vllm import VLLM_MODES, VLLMServer, merged_copy, sampled_logprob_gap, vllm_versions, write_serving_copy
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -28,8 +28,8 @@ datasets.disable_progress_bars()
 
 # %% auto #0
 __all__ = ['VLLM_LOGPROB_TOL', 'SHARED_PREFIX_VLMS', 'LENGTH_BUCKETS', 'replay_mix', 'rl_dataset', 'sft_dataset',
-           'per_device_batch', 'PixGRPOTrainer', 'PixSFTTrainer', 'PeriodicProbe', 'time_shares', 'thread_cap',
-           'CpuShare', 'prompt_groups', 'rollout_seed', 'server_rollouts', 'rank_record', 'ProgressLog', 'has_cuda',
+           'per_device_batch', 'PixGRPOTrainer', 'PixSFTTrainer', 'PeriodicProbe', 'time_shares', 'CpuShare',
+           'prompt_groups', 'rollout_seed', 'server_rollouts', 'rank_record', 'ProgressLog', 'has_cuda',
            'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint', 'grpo_config', 'shared_prefix_logps',
            'start_rollout_server', 'run_grpo', 'run_sft']
 
@@ -174,58 +174,8 @@ def time_shares(log_history: list[dict]) -> dict:
             "step_s": tot / len(rows), "steps": len(rows)}
 
 # %% ../../nbs/pix/07_grpo.ipynb #cpushare1
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:                            # alive, another user's
-        return True
-    return True
-
-def thread_cap() -> int | None:
-    "`OMP_NUM_THREADS` when it is a positive int (the standard cap on a process's threads), else None (not set, or not a number)."
-    value = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None
-
-class CpuShare(TrainerCallback):
-    "Torch threads = this process's cores // the pixrl stages running now (re-read each step), at most `thread_cap()`; see above."
-    def __init__(self, lease_dir=None):
-        self.dir = Path(lease_dir) if lease_dir else cache_dir("cpu_leases")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.lease = self.dir / str(os.getpid())
-        self.owned = not self.lease.exists()          # an outer holder (the campaign's stage process) keeps its lease
-        self.lease.touch()
-        self.threads = None
-        self.apply()
-
-    def stages(self) -> int:
-        "The pixrl stages holding a lease now (this one included); dead holders' leases are removed."
-        live = 0
-        for f in self.dir.iterdir():
-            if not f.name.isdigit():
-                continue
-            if _alive(int(f.name)):
-                live += 1
-            else:
-                f.unlink(missing_ok=True)
-        return max(1, live)
-
-    def apply(self) -> int:
-        "Set torch's threads to this stage's share of the cores (`PIXRL_CPU_SHARE=0`: torch's default); returns it."
-        if os.environ.get("PIXRL_CPU_SHARE", "1") == "0":
-            return torch.get_num_threads()
-        threads = max(1, len(os.sched_getaffinity(0)) // self.stages())
-        threads = min(threads, thread_cap() or threads)
-        if threads != self.threads:
-            torch.set_num_threads(threads)
-            self.threads = threads
-        return threads
-
-    def release(self) -> None:
-        if self.owned:
-            self.lease.unlink(missing_ok=True)
-
+class CpuShare(CpuLease, TrainerCallback):
+    "A stage's `CpuLease` (`pixrl.core`) as a trainer callback: re-applied at every optimizer step, released when training ends."
     def on_step_begin(self, args, state, control, **kwargs):
         self.apply()
 

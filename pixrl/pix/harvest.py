@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses, json
 from pathlib import Path
 
+from ..core import CpuLease
 from .evaluator import evaluate_many, EvalResult
 from .reward import rect_baseline, shaped_breakdown, extract_program, DEFAULT_REWARD, SHAPED_POLICIES
 from .tasks import Task, get_task, load_split
@@ -91,15 +92,17 @@ def sample_completions(policy, tasks: list[Task], prompts: list[str], n: int, *,
     an in-process `pixrl.pix.policy.Policy` or an `pixrl.pix.agent_loop.EndpointPolicy`. `prompts` are the
     prompt texts (`pixrl.pix.prompt.prompt_text`); `policy_prompt` wraps them for chat models, and a vision-language
     policy (`policy.vision`) is also given each task's image (`policy.images(tasks)`). `max_new_tokens=None`
-    = the policy's own default."""
+    = the policy's own default. The sampling holds a `CpuLease` (`pixrl.core`): beside a campaign it takes its share
+    of the cores, not a thread per core."""
     if len(prompts) != len(tasks):
         raise ValueError(f"sample_completions: {len(prompts)} prompts for {len(tasks)} tasks")
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
     fed = [policy_prompt(policy, p) for p in prompts]
     images = policy.images(tasks) if getattr(policy, "vision", False) else None
-    completions = policy.generate(fed, n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                                  **({"images": images} if images is not None else {}))
+    with CpuLease():                                 # this process's share of the cores while it samples (00_core)
+        completions = policy.generate(fed, n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                                      **({"images": images} if images is not None else {}))
     if len(completions) != len(prompts) or any(len(c) != n for c in completions):
         shape = [len(c) for c in completions] if isinstance(completions, list) else type(completions).__name__
         raise ValueError(f"policy.generate returned {shape} completions; expected {len(prompts)} lists of {n}")

@@ -6,7 +6,7 @@ import json, math
 from pathlib import Path
 import numpy as np
 import pandas as pd
-from ..core import write_text_atomic
+from ..core import CpuLease, write_text_atomic
 from .tasks import load_split, LEVELS
 from .evaluator import evaluate_many
 from .reward import rect_baseline, shaped_breakdown, extract_program, raw_iou, DEFAULT_REWARD, REWARD_POLICIES, SHAPED_POLICIES
@@ -61,8 +61,9 @@ def run_probe(policy, tasks: list | None = None, k: int | None = None, temperatu
         raise ValueError(f"unknown reward policy {reward!r}; accepted: {REWARD_POLICIES}")
     tasks = probe_tasks() if tasks is None else list(tasks)
     prompts = [policy.prompt(t) for t in tasks]
-    smp = policy.sample(prompts, n=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                        images=policy.images(tasks))   # None for a text policy
+    with CpuLease():                                 # its share of the cores (a stage's own lease when in a stage)
+        smp = policy.sample(prompts, n=k, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                            images=policy.images(tasks))   # None for a text policy
     pairs = [(t, extract_program(c)) for t, cs in zip(tasks, smp.texts) for c in cs]
     results = evaluate_many(pairs, workers=workers)
     records = []
