@@ -251,7 +251,8 @@ def thread_cap() -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 class CpuLease:
-    "Torch threads = this process's cores // the pixrl processes holding a lease now (re-read at each `apply`), at most `thread_cap()`; see above."
+    """Torch threads = this process's cores // the pixrl processes holding a lease now (re-read at each `apply`), at most
+    `thread_cap()` and at most the threads it had before (an owned lease); see above."""
     def __init__(self, lease_dir=None):
         import torch
         self.before = torch.get_num_threads()         # restored when an owned lease is released
@@ -282,6 +283,8 @@ class CpuLease:
             return torch.get_num_threads()
         threads = max(1, len(os.sched_getaffinity(0)) // self.stages())
         threads = min(threads, thread_cap() or threads)
+        if self.owned:
+            threads = min(threads, self.before)        # never more than the user had set
         if threads != self.threads:
             torch.set_num_threads(threads)
             self.threads = threads
