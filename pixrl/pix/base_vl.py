@@ -10,7 +10,7 @@ from ..core import PIXRL_META, VL_BASE_NAME, set_seed
 from ..lm import model_dir_sha256
 from .base import BASE_CELLS, band_program, band_source, cell_stream, pretrain_loop, warmup_cosine
 from .prompt import PromptSpec, format_answer, ink_bands, prompt_image
-from .tiny import build_tiny_vlm, MODEL_IMAGE_SHAPE
+from .tiny import build_tiny_vlm, MODEL_IMAGE_SHAPE, VL_FAMILIES
 
 # %% auto #0
 __all__ = ['VL_BASE_SPEC', 'VL_CELLS', 'VL_TARGETS', 'ROLES', 'VLBaseConfig', 'initial_vl_model', 'continued_vl_model',
@@ -28,7 +28,11 @@ VL_TARGETS = ("bands", "rows", "program", "mix")   # one call per band of identi
 @dataclasses.dataclass
 class VLBaseConfig:
     "How pixrl-base-vl is built (`build_vl_base`)."
-    patch: int = 8               # CLIP patch size in pixels; (64 / patch)² image tokens; must divide 64
+    family: str = "llava"        # the class (VL_FAMILIES): "llava" (CLIP tower + projector; image tokens at 1-D positions)
+                                 # or "qwen2.5-vl" (its ViT + 2 × 2 patch merger; image tokens at their row and column:
+                                 # M-RoPE, which is the 1-D rotary on text, so pixrl-base's weights carry over unchanged)
+    patch: int = 8               # the tower's patch size in pixels; llava: (64 / patch)² image tokens, patch must divide
+                                 # 64; qwen2.5-vl: (64 / (2 · patch))² image tokens, 2 · patch must divide 64
     vision_hidden: int = 64      # CLIP tower width (its MLP is twice that)
     vision_layers: int = 2       # CLIP tower depth
     text_init: str = "pixrl-base"   # the language model's weights: a committed band base (sha256 checked) or a directory
@@ -52,8 +56,12 @@ class VLBaseConfig:
 
     def __post_init__(self):
         S = VL_BASE_SPEC.image_size
-        if not isinstance(self.patch, int) or self.patch < 1 or S % self.patch:
-            raise ValueError(f"VLBaseConfig.patch {self.patch!r}; accepted: a divisor of the image size {S}")
+        if self.family not in VL_FAMILIES:
+            raise ValueError(f"VLBaseConfig.family {self.family!r}; accepted: {VL_FAMILIES}")
+        merge = 2 if self.family == "qwen2.5-vl" else 1
+        if not isinstance(self.patch, int) or self.patch < 1 or S % (self.patch * merge):
+            raise ValueError(f"VLBaseConfig.patch {self.patch!r} for {self.family}; accepted: a patch whose image token "
+                             f"side (patch × {merge}) divides the image size {S}")
         if self.cells not in VL_CELLS:
             raise ValueError(f"VLBaseConfig.cells {self.cells!r}; accepted: {VL_CELLS}")
         if self.target not in VL_TARGETS:
@@ -91,22 +99,24 @@ def initial_vl_model(cfg: VLBaseConfig, out_dir) -> Path:
     return build_tiny_vlm(out_dir, seed=cfg.seed, hidden=tc["hidden_size"], layers=tc["num_hidden_layers"],
                           intermediate=tc["intermediate_size"], patch=cfg.patch, spec=VL_BASE_SPEC,
                           max_new_tokens=cfg.max_new_tokens, text_from=text_dir, number_tokens=True,
-                          vision_hidden=cfg.vision_hidden, vision_layers=cfg.vision_layers)
+                          vision_hidden=cfg.vision_hidden, vision_layers=cfg.vision_layers, family=cfg.family)
 
 def continued_vl_model(cfg: VLBaseConfig, out_dir) -> Path:
     """Copy the built VL base `cfg.init_from` to `out_dir`, the start of a run that continues it; a base whose tower is
-    not `cfg`'s (patch, width, depth) is refused, naming both."""
+    not `cfg`'s (family, patch, width, depth) is refused, naming both."""
     import shutil
     from pixrl.pix.policy import resolve_model
     src = Path(resolve_model(cfg.init_from))
-    vc = json.loads((src / "config.json").read_text()).get("vision_config")
+    conf = json.loads((src / "config.json").read_text())
+    vc = conf.get("vision_config")
     if vc is None:
         raise ValueError(f"VLBaseConfig.init_from {cfg.init_from!r}: not a vision-language model; accepted: a VL base")
-    have = (vc["patch_size"], vc["hidden_size"], vc["num_hidden_layers"])
-    want = (cfg.patch, cfg.vision_hidden, cfg.vision_layers)
+    family = {"llava": "llava", "qwen2_5_vl": "qwen2.5-vl"}.get(conf["model_type"], conf["model_type"])
+    have = (family, vc["patch_size"], vc["hidden_size"], vc.get("num_hidden_layers", vc.get("depth")))
+    want = (cfg.family, cfg.patch, cfg.vision_hidden, cfg.vision_layers)
     if have != want:
-        raise ValueError(f"VLBaseConfig.init_from {cfg.init_from!r} has patch, tower width, depth {have}; accepted: a VL "
-                         f"base of this config's {want}")
+        raise ValueError(f"VLBaseConfig.init_from {cfg.init_from!r} has family, patch, tower width, depth {have}; "
+                         f"accepted: a VL base of this config's {want}")
     shutil.copytree(src, out_dir)
     return Path(out_dir)
 
@@ -226,9 +236,9 @@ def looks(policy, tasks: list, k: int = 1, temperature: float = 0.0, seed: int =
 # %% ../../nbs/pix/06b_base_vl.ipynb #ebffdd1f
 def _image_features(policy, images: list) -> torch.Tensor:
     "The projector's output for `images` (PIL): (n_images, n_tokens, hidden), what the language model is fed."
-    px = policy.processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
+    inputs = policy.processor.image_processor(images=images, return_tensors="pt")   # pixel values (+ Qwen's image grids)
     with torch.no_grad():
-        out = policy.model.get_image_features(pixel_values=px)
+        out = policy.model.get_image_features(**inputs)
     feats = getattr(out, "pooler_output", out)
     return torch.stack(list(feats)) if isinstance(feats, (list, tuple)) else feats
 

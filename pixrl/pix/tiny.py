@@ -16,8 +16,9 @@ from .geometry import render
 
 # %% auto #0
 __all__ = ['EOS', 'TINY_PROMPT_SPEC', 'MODEL_IMAGE_SHAPE', 'Q_UM', 'PHASES', 'VLM_IMAGE_TOKEN', 'VLM_CHAT_TEMPLATE',
-           'TINY_VLM_PROMPT_SPEC', 'tiny_dir', 'char_tokenizer', 'new_tiny_model', 'SceneTask', 'random_scene',
-           'scene_stream', 'pretrain', 'save_tiny', 'build_tiny', 'build_tiny_vlm']
+           'TINY_VLM_PROMPT_SPEC', 'VL_FAMILIES', 'QWEN_VL_TOKENS', 'QWEN_VL_CHAT_TEMPLATE', 'tiny_dir',
+           'char_tokenizer', 'new_tiny_model', 'SceneTask', 'random_scene', 'scene_stream', 'pretrain', 'save_tiny',
+           'build_tiny', 'mrope_section', 'build_tiny_vlm']
 
 # %% ../../nbs/tiny_model.ipynb #c7ae02c7
 EOS = "<|endoftext|>"
@@ -211,6 +212,18 @@ VLM_CHAT_TEMPLATE = (
     "{% if c['type'] == 'image' %}<image>\n{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TINY_VLM_PROMPT_SPEC = PromptSpec(representation="py", api_doc=False, vision=True, image_size=64)
+VL_FAMILIES = ("llava", "qwen2.5-vl")   # build_tiny_vlm's classes: image tokens at 1-D positions / at 2-D rotary positions
+QWEN_VL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+QWEN_VL_CHAT_TEMPLATE = VLM_CHAT_TEMPLATE.replace("<image>\n", "<|vision_start|><|image_pad|><|vision_end|>\n")
+
+
+def mrope_section(head_dim: int) -> list:
+    """Qwen2.5-VL's split of a head's `head_dim / 2` rotary frequencies among time, rows and columns: a quarter, then
+    the rest in halves (its own [16, 24, 24] of 64); for a text token the three positions are equal (1-D rotary)."""
+    half = head_dim // 2
+    t = half // 4
+    h = (half - t) // 2
+    return [t, h, half - t - h]
 
 def _transplant_text(vlm, text_from) -> None:
     """Copy a causal LM's weights (same Qwen2 shape, pixrl's character vocabulary) into the VLM's language model;
@@ -232,43 +245,89 @@ def _transplant_text(vlm, text_from) -> None:
     vlm.tie_weights()
 
 # %% ../../nbs/tiny_model.ipynb #20e07850
-def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, patch: int = 8,
-                   spec: PromptSpec = TINY_VLM_PROMPT_SPEC, max_new_tokens: int = 96, intermediate: int | None = None,
-                   text_from=None, number_tokens: bool = False, vision_hidden: int | None = None,
-                   vision_layers: int | None = None) -> Path:
-    """Save a from-config LLaVA VLM (CLIP tower + projector + Qwen2 text model, pixrl's character tokenizer + chat
-    tokens) with its processor and `pixrl.json` to `out_dir`; deterministic from `seed`. Untrained, unless
-    `text_from` (a model directory of the same text shape, e.g. `tiny_dir()` with hidden=128, layers=4,
-    intermediate=384) supplies the language model's weights; its vision tower and projector are always untrained.
-    `number_tokens`: the band bases' vocabulary (`char_tokenizer(number_tokens=True)`, e.g. for `text_from` pixrl-base);
-    `vision_hidden` / `vision_layers`: the CLIP tower's width and depth (default hidden // 2 and layers)."""
+def _llava_parts(tok, text, S: int, patch: int, vw: int, vd: int, merge: int):
+    "LLaVA's class, config and processor: a CLIP tower, a projector, `text` as its language model (`merge` unused)."
     from transformers import (LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor, CLIPVisionConfig,
                               CLIPImageProcessorPil)
-    if not spec.vision:
-        raise ValueError(f"build_tiny_vlm: spec.vision must be True, got {spec!r}")
-    S = spec.image_size
-    if S % patch:
-        raise ValueError(f"build_tiny_vlm: image_size {S} is not a multiple of patch {patch}")
-    tok = char_tokenizer(number_tokens)
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", VLM_IMAGE_TOKEN]})
-    tok.eos_token = "<|im_end|>"                       # an assistant turn ends the completion; pad stays <|endoftext|>
     tok.chat_template = VLM_CHAT_TEMPLATE
     image_proc = CLIPImageProcessorPil(size={"shortest_edge": S}, crop_size={"height": S, "width": S})
     processor = LlavaProcessor(image_processor=image_proc, tokenizer=tok, chat_template=VLM_CHAT_TEMPLATE,
                                patch_size=patch, vision_feature_select_strategy="default", image_token=VLM_IMAGE_TOKEN,
                                num_additional_image_tokens=1)   # the CLS token the "default" strategy drops
+    vision = CLIPVisionConfig(hidden_size=vw, intermediate_size=2 * vw, num_hidden_layers=vd, num_attention_heads=2,
+                              image_size=S, patch_size=patch, projection_dim=vw)
+    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_id=tok.convert_tokens_to_ids(VLM_IMAGE_TOKEN),
+                      vision_feature_select_strategy="default", vision_feature_layer=-1,
+                      image_seq_length=(S // patch) ** 2, tie_word_embeddings=True)
+    return LlavaForConditionalGeneration, cfg, processor
+
+
+def _qwen25_vl_parts(tok, text, S: int, patch: int, vw: int, vd: int, merge: int):
+    """Qwen2.5-VL's class, config and processor: its ViT (full attention in every block), its `merge × merge` patch
+    merger, and `text` as a Qwen2.5-VL language model (the same weights; M-RoPE positions)."""
+    import transformers
+    from pixrl.pix.policy import image_only_processor
+    tok.chat_template = QWEN_VL_CHAT_TEMPLATE
+    image_proc = transformers.Qwen2VLImageProcessorPil(patch_size=patch, merge_size=merge, temporal_patch_size=2,
+                                                       min_pixels=S * S, max_pixels=S * S,
+                                                       size={"shortest_edge": S * S, "longest_edge": S * S})
+    processor = image_only_processor(transformers.Qwen2_5_VLProcessor)(image_processor=image_proc, tokenizer=tok,
+                                                                       chat_template=QWEN_VL_CHAT_TEMPLATE)
+    head_dim = text.hidden_size // text.num_attention_heads
+    rope = {"rope_type": "default", "rope_theta": text.rope_parameters["rope_theta"], "mrope_section": mrope_section(head_dim)}
+    lm = transformers.Qwen2_5_VLTextConfig(vocab_size=text.vocab_size, hidden_size=text.hidden_size,
+                                           intermediate_size=text.intermediate_size,
+                                           num_hidden_layers=text.num_hidden_layers,
+                                           num_attention_heads=text.num_attention_heads,
+                                           num_key_value_heads=text.num_key_value_heads,
+                                           max_position_embeddings=text.max_position_embeddings,
+                                           rms_norm_eps=text.rms_norm_eps, tie_word_embeddings=True, rope_parameters=rope,
+                                           eos_token_id=text.eos_token_id, bos_token_id=text.bos_token_id,
+                                           pad_token_id=text.pad_token_id)
+    vision = transformers.Qwen2_5_VLVisionConfig(depth=vd, hidden_size=vw, intermediate_size=2 * vw, num_heads=2,
+                                                 patch_size=patch, spatial_merge_size=merge, temporal_patch_size=2,
+                                                 window_size=S, fullatt_block_indexes=list(range(vd)),
+                                                 out_hidden_size=text.hidden_size)
+    names = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+             "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
+    ids = {k: tok.convert_tokens_to_ids(t) for k, t in names.items()}
+    cfg = transformers.Qwen2_5_VLConfig(text_config=lm.to_dict(), vision_config=vision.to_dict(), tie_word_embeddings=True,
+                                        **ids)
+    return transformers.Qwen2_5_VLForConditionalGeneration, cfg, processor
+
+
+def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, patch: int = 8,
+                   spec: PromptSpec = TINY_VLM_PROMPT_SPEC, max_new_tokens: int = 96, intermediate: int | None = None,
+                   text_from=None, number_tokens: bool = False, vision_hidden: int | None = None,
+                   vision_layers: int | None = None, family: str = "llava", merge: int = 2) -> Path:
+    """Save a from-config VLM of `family` (`VL_FAMILIES`: LLaVA — CLIP tower + projector + Qwen2 text model — or
+    Qwen2.5-VL) over pixrl's character tokenizer + chat tokens, with its processor and `pixrl.json`, to `out_dir`;
+    deterministic from `seed`. Untrained, unless `text_from` (a model directory of the same text shape, e.g.
+    `tiny_dir()` with hidden=128, layers=4, intermediate=384) supplies the language model's weights; its vision tower
+    and projector are always untrained. `number_tokens`: the band bases' vocabulary (`char_tokenizer(number_tokens=True)`,
+    e.g. for `text_from` pixrl-base); `vision_hidden` / `vision_layers`: the tower's width and depth (default hidden // 2
+    and layers); `merge`: Qwen2.5-VL's patch merger (`merge × merge` patches to an image token)."""
+    if family not in VL_FAMILIES:
+        raise ValueError(f"build_tiny_vlm: family {family!r}; accepted: {VL_FAMILIES}")
+    if not spec.vision:
+        raise ValueError(f"build_tiny_vlm: spec.vision must be True, got {spec!r}")
+    S = spec.image_size
+    side = patch * merge if family == "qwen2.5-vl" else patch    # pixels a side of one image token
+    if S % side:
+        raise ValueError(f"build_tiny_vlm: image_size {S} is not a multiple of {family}'s image-token side {side} px "
+                         f"(patch {patch}" + (f" × merge {merge})" if family == "qwen2.5-vl" else ")"))
+    tok = char_tokenizer(number_tokens)
+    image_tokens = [VLM_IMAGE_TOKEN] if family == "llava" else list(QWEN_VL_TOKENS)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", *image_tokens]})
+    tok.eos_token = "<|im_end|>"                       # an assistant turn ends the completion; pad stays <|endoftext|>
     eos, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id
     text = tiny_config(vocab_size=len(tok), hidden=hidden, layers=layers, intermediate=intermediate or 2 * hidden,
                        max_positions=2048)
     text.eos_token_id, text.bos_token_id, text.pad_token_id = eos, eos, pad
-    vw = vision_hidden or hidden // 2
-    vision = CLIPVisionConfig(hidden_size=vw, intermediate_size=2 * vw, num_hidden_layers=vision_layers or layers,
-                              num_attention_heads=2, image_size=S, patch_size=patch, projection_dim=vw)
-    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_id=tok.convert_tokens_to_ids(VLM_IMAGE_TOKEN),
-                      vision_feature_select_strategy="default", vision_feature_layer=-1,
-                      image_seq_length=(S // patch) ** 2, tie_word_embeddings=True)
+    parts = _llava_parts if family == "llava" else _qwen25_vl_parts
+    cls, cfg, processor = parts(tok, text, S, patch, vision_hidden or hidden // 2, vision_layers or layers, merge)
     set_seed(seed)
-    model = LlavaForConditionalGeneration(cfg)
+    model = cls(cfg)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
     if text_from is not None:
         _transplant_text(model, text_from)
@@ -276,7 +335,9 @@ def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, pa
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     processor.save_pretrained(out)
+    note = f"text model from {text_from}, vision untrained" if text_from else "untrained"
+    label = "VLM" if family == "llava" else "Qwen2.5-VL"
     (out / PIXRL_META).write_text(json.dumps({"prompt_spec": dataclasses.asdict(spec), "max_new_tokens": max_new_tokens,
-                                              "note": "pixrl tiny VLM from config: " + (f"text model from {text_from}, "
-                                                      "vision untrained" if text_from else "untrained"), "seed": seed}, indent=1))
+                                              "note": f"pixrl tiny {label} from config: {note}", "seed": seed},
+                                             indent=1))
     return out
