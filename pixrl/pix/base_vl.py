@@ -29,12 +29,14 @@ VL_TARGETS = ("bands", "rows", "program", "mix")   # one call per band of identi
 class VLBaseConfig:
     "How pixrl-base-vl is built (`build_vl_base`)."
     family: str = "llava"        # the class (VL_FAMILIES): "llava" (CLIP tower + projector; image tokens at 1-D positions)
-                                 # or "qwen2.5-vl" (its ViT + 2 × 2 patch merger; image tokens at their row and column:
+                                 # or "qwen2.5-vl" (its ViT + patch merger; image tokens at their row and column:
                                  # M-RoPE, which is the 1-D rotary on text, so pixrl-base's weights carry over unchanged)
     patch: int = 8               # the tower's patch size in pixels; llava: (64 / patch)² image tokens, patch must divide
-                                 # 64; qwen2.5-vl: (64 / (2 · patch))² image tokens, 2 · patch must divide 64
-    vision_hidden: int = 64      # CLIP tower width (its MLP is twice that)
-    vision_layers: int = 2       # CLIP tower depth
+                                 # 64; qwen2.5-vl: (64 / (merge · patch))² image tokens, merge · patch must divide 64
+    merge: int | None = None     # qwen2.5-vl's patch merger: merge × merge patches to an image token (1: one patch a
+                                 # token, as LLaVA's); None: the family's own (qwen2.5-vl 2; llava 1, it has no merger)
+    vision_hidden: int = 64      # the tower's width (its MLP is twice that)
+    vision_layers: int = 2       # the tower's depth
     text_init: str = "pixrl-base"   # the language model's weights: a committed band base (sha256 checked) or a directory
     cells: int = 32              # the band program's grid (VL_CELLS): 32 = the text bases' programs, 64 = the image's
     target: str = "bands"        # what it writes (VL_TARGETS): "bands", or "rows" (every band split into its rows: a band's
@@ -58,10 +60,14 @@ class VLBaseConfig:
         S = VL_BASE_SPEC.image_size
         if self.family not in VL_FAMILIES:
             raise ValueError(f"VLBaseConfig.family {self.family!r}; accepted: {VL_FAMILIES}")
-        merge = 2 if self.family == "qwen2.5-vl" else 1
-        if not isinstance(self.patch, int) or self.patch < 1 or S % (self.patch * merge):
+        if self.merge is None:
+            self.merge = 2 if self.family == "qwen2.5-vl" else 1
+        if self.merge not in ((1, 2) if self.family == "qwen2.5-vl" else (1,)):
+            raise ValueError(f"VLBaseConfig.merge {self.merge!r} for {self.family}; accepted: 1 or 2 for qwen2.5-vl, "
+                             "1 for llava (no merger)")
+        if not isinstance(self.patch, int) or self.patch < 1 or S % (self.patch * self.merge):
             raise ValueError(f"VLBaseConfig.patch {self.patch!r} for {self.family}; accepted: a patch whose image token "
-                             f"side (patch × {merge}) divides the image size {S}")
+                             f"side (patch × merge {self.merge}) divides the image size {S}")
         if self.cells not in VL_CELLS:
             raise ValueError(f"VLBaseConfig.cells {self.cells!r}; accepted: {VL_CELLS}")
         if self.target not in VL_TARGETS:
@@ -99,11 +105,12 @@ def initial_vl_model(cfg: VLBaseConfig, out_dir) -> Path:
     return build_tiny_vlm(out_dir, seed=cfg.seed, hidden=tc["hidden_size"], layers=tc["num_hidden_layers"],
                           intermediate=tc["intermediate_size"], patch=cfg.patch, spec=VL_BASE_SPEC,
                           max_new_tokens=cfg.max_new_tokens, text_from=text_dir, number_tokens=True,
-                          vision_hidden=cfg.vision_hidden, vision_layers=cfg.vision_layers, family=cfg.family)
+                          vision_hidden=cfg.vision_hidden, vision_layers=cfg.vision_layers, family=cfg.family,
+                          merge=cfg.merge)
 
 def continued_vl_model(cfg: VLBaseConfig, out_dir) -> Path:
     """Copy the built VL base `cfg.init_from` to `out_dir`, the start of a run that continues it; a base whose tower is
-    not `cfg`'s (family, patch, width, depth) is refused, naming both."""
+    not `cfg`'s (family, patch, merge, width, depth) is refused, naming both."""
     import shutil
     from pixrl.pix.policy import resolve_model
     src = Path(resolve_model(cfg.init_from))
@@ -112,10 +119,11 @@ def continued_vl_model(cfg: VLBaseConfig, out_dir) -> Path:
     if vc is None:
         raise ValueError(f"VLBaseConfig.init_from {cfg.init_from!r}: not a vision-language model; accepted: a VL base")
     family = {"llava": "llava", "qwen2_5_vl": "qwen2.5-vl"}.get(conf["model_type"], conf["model_type"])
-    have = (family, vc["patch_size"], vc["hidden_size"], vc.get("num_hidden_layers", vc.get("depth")))
-    want = (cfg.family, cfg.patch, cfg.vision_hidden, cfg.vision_layers)
+    have = (family, vc["patch_size"], vc.get("spatial_merge_size", 1), vc["hidden_size"],
+            vc.get("num_hidden_layers", vc.get("depth")))
+    want = (cfg.family, cfg.patch, cfg.merge, cfg.vision_hidden, cfg.vision_layers)
     if have != want:
-        raise ValueError(f"VLBaseConfig.init_from {cfg.init_from!r} has family, patch, tower width, depth {have}; "
+        raise ValueError(f"VLBaseConfig.init_from {cfg.init_from!r} has family, patch, merge, tower width, depth {have}; "
                          f"accepted: a VL base of this config's {want}")
     shutil.copytree(src, out_dir)
     return Path(out_dir)
