@@ -17,12 +17,15 @@ setup: $(STAMP)
 
 # torch first, with pip, from this machine's CPU build (uv does not look on this disk): a plain `torch` requirement
 # would pull a multi-GB CUDA build. The rest with uv: the same versions pip resolves, in ≈ 7 s instead of ≈ 80 s.
+# --compile-bytecode: uv writes no .pyc by default (pip does), and where PYTHONDONTWRITEBYTECODE is set (as on this
+# machine) no process writes them either, so every interpreter compiled transformers, trl, peft and datasets from
+# source: `import pixrl.pix.grpo` 13.7–15.2 s instead of 7.3–8.2 s; ≈ 30 s once here instead.
 UV_VERSION := 0.13.9
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0 uv==$(UV_VERSION)
-	$(VENV)/bin/uv pip install --python $(PY) -q -e ".[dev]"
+	$(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode -e ".[dev]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (pixrl .venv)" >/dev/null
 	touch $@
 
@@ -45,6 +48,7 @@ test:
 	nbdev_clean
 	@if [ -n "$$(git status --porcelain -- nbs)" ]; then \
 	  echo "nbdev_clean changed notebooks — run nbdev_clean and commit:"; git status --porcelain -- nbs; exit 1; fi
+	python -m compileall -q pixrl >/dev/null     # the package's bytecode once (see setup), not in every process
 	OMP_NUM_THREADS=1 nbdev_test
 	OMP_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --durations=15 tests
 

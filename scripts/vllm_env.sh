@@ -38,7 +38,9 @@ if [ "$BUILD" = cpu ]; then
   "$DIR/bin/python" -m pip install -q "torch==$TORCH"      # pip: uv does not look on this disk for the CPU build
 fi
 "$DIR/bin/python" -m pip install -q "uv==$UV"
-"$DIR/bin/uv" pip install --python "$DIR/bin/python" -q "$PKG" "transformers==$TRANSFORMERS"   # ≈ 20 s (pip: ≈ 80 s)
+# --compile-bytecode: without it (uv's default) and with PYTHONDONTWRITEBYTECODE set, every server start compiled vLLM
+# and transformers from source: importing the server 25.8–28.7 s instead of 13.9–15.2 s
+"$DIR/bin/uv" pip install --python "$DIR/bin/python" -q --compile-bytecode "$PKG" "transformers==$TRANSFORMERS" # ≈ 20 s (pip: ≈ 80 s), + compile
 if [ "$BUILD" = cpu ]; then
   "$DIR/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
 fi
