@@ -299,18 +299,23 @@ def _qwen25_vl_parts(tok, text, S: int, patch: int, vw: int, vd: int, merge: int
 def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, patch: int = 8,
                    spec: PromptSpec = TINY_VLM_PROMPT_SPEC, max_new_tokens: int = 96, intermediate: int | None = None,
                    text_from=None, number_tokens: bool = False, vision_hidden: int | None = None,
-                   vision_layers: int | None = None, family: str = "llava", merge: int = 2) -> Path:
+                   vision_layers: int | None = None, family: str = "llava", merge: int | None = None) -> Path:
     """Save a from-config VLM of `family` (`VL_FAMILIES`: LLaVA — CLIP tower + projector + Qwen2 text model — or
     Qwen2.5-VL) over pixrl's character tokenizer + chat tokens, with its processor and `pixrl.json`, to `out_dir`;
     deterministic from `seed`. Untrained, unless `text_from` (a model directory of the same text shape, e.g.
     `tiny_dir()` with hidden=128, layers=4, intermediate=384) supplies the language model's weights; its vision tower
     and projector are always untrained. `number_tokens`: the band bases' vocabulary (`char_tokenizer(number_tokens=True)`,
     e.g. for `text_from` pixrl-base); `vision_hidden` / `vision_layers`: the tower's width and depth (default hidden // 2
-    and layers); `merge`: Qwen2.5-VL's patch merger (`merge × merge` patches to an image token)."""
+    and layers); `merge`: Qwen2.5-VL's patch merger (`merge × merge` patches to an image token; None: 2); LLaVA has
+    no merger and takes only None or 1."""
     if family not in VL_FAMILIES:
         raise ValueError(f"build_tiny_vlm: family {family!r}; accepted: {VL_FAMILIES}")
     if not spec.vision:
         raise ValueError(f"build_tiny_vlm: spec.vision must be True, got {spec!r}")
+    if merge is None:
+        merge = 2 if family == "qwen2.5-vl" else 1
+    if family == "llava" and merge != 1:
+        raise ValueError(f"build_tiny_vlm: merge {merge} for llava, which has no patch merger; accepted: None or 1")
     S = spec.image_size
     side = patch * merge if family == "qwen2.5-vl" else patch    # pixels a side of one image token
     if S % side:
