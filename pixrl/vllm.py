@@ -238,7 +238,8 @@ class VLLMServer:
 def server_env() -> dict:
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0")                 # with --distributed-executor-backend uni: no spinning worker
+               VLLM_ENABLE_V1_MULTIPROCESSING="0",                 # with --distributed-executor-backend uni: no spinning worker
+               VLLM_USE_AOT_COMPILE="0")                           # torch.compile's own cache, which loads here
     env.pop("PYTHONPATH", None)                       # nothing of .venv leaks into vLLM's environment
     return env
 

@@ -13,7 +13,7 @@ from .tasks import CAL_SHAPE, get_task, release_digest
 
 # %% auto #0
 __all__ = ['IOU_TOL', 'COLOURS', 'PANEL_GAP', 'BLOCK_GAP', 'LABEL_H', 'HEADER_H', 'GalleryError', 'overlay_rgb', 'mask_rgb',
-           'reexecute', 'compose_gallery', 'gallery_png', 'save_gallery']
+           'reexecute', 'gallery_header', 'compose_gallery', 'gallery_png', 'save_gallery']
 
 # %% ../../nbs/pix/12b_gallery.ipynb #a7cb6588
 class GalleryError(ValueError):
@@ -76,6 +76,13 @@ def _label(row: dict) -> tuple[str, str]:
         score = f"not executable: {c['status']}  ({where})"
     return f"{row['task_id']}  {row['family']}  L{row['level']}", score
 
+def gallery_header(record: dict, n_tasks: int) -> str:
+    "The header's first line: the record's kind, who wrote the programs (a two-policy loop: the reviser too), the tasks."
+    who = f"model: {record.get('model')}"
+    if record.get("reviser") not in (None, record.get("model")):
+        who += f"  reviser: {record['reviser']}"      # attempts by the model, revisions by the reviser
+    return f"{record['kind']}  {who}  tasks: {n_tasks}"
+
 def compose_gallery(record: dict, task_ids: list[str] | None = None, columns: int = 2) -> Image.Image:
     "The gallery image for a record (all its tasks, or `task_ids` in that order)."
     if record.get("kind") not in ("pixrl.bench", "pixrl.agent_loop"):
@@ -102,7 +109,7 @@ def compose_gallery(record: dict, task_ids: list[str] | None = None, columns: in
     img = Image.new("RGB", (width, height), (238, 238, 238))
     draw, font = ImageDraw.Draw(img), _font()
     s = record.get("overall") or record.get("summary") or {}
-    head = f"{record['kind']}  model: {record.get('model')}  tasks: {len(ids)}"
+    head = gallery_header(record, len(ids))
     nums = "  ".join(f"{k} {v:.3f}" for k, v in sorted(s.items()) if isinstance(v, float))
     draw.text((BLOCK_GAP, 6), head, fill=(0, 0, 0), font=font)
     draw.text((BLOCK_GAP, 19), nums, fill=(0, 0, 0), font=font)
