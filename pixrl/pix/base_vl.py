@@ -10,7 +10,7 @@ from ..core import PIXRL_META, VL_BASE_NAME, set_seed
 from ..lm import model_dir_sha256
 from .base import BASE_CELLS, band_program, band_source, cell_stream, pretrain_loop, warmup_cosine
 from .prompt import PromptSpec, format_answer, ink_bands, prompt_image
-from .tiny import build_tiny_vlm, MODEL_IMAGE_SHAPE, VL_FAMILIES
+from .tiny import build_tiny_vlm, MODEL_IMAGE_SHAPE, VL_FAMILIES, VL_MERGE
 
 # %% auto #0
 __all__ = ['VL_BASE_SPEC', 'VL_CELLS', 'VL_TARGETS', 'ROLES', 'VLBaseConfig', 'initial_vl_model', 'continued_vl_model',
@@ -61,7 +61,7 @@ class VLBaseConfig:
         if self.family not in VL_FAMILIES:
             raise ValueError(f"VLBaseConfig.family {self.family!r}; accepted: {VL_FAMILIES}")
         if self.merge is None:
-            self.merge = 2 if self.family == "qwen2.5-vl" else 1
+            self.merge = VL_MERGE[self.family]
         if self.merge not in ((1, 2) if self.family == "qwen2.5-vl" else (1,)):
             raise ValueError(f"VLBaseConfig.merge {self.merge!r} for {self.family}; accepted: 1 or 2 for qwen2.5-vl, "
                              "1 for llava (no merger)")

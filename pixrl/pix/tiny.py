@@ -16,7 +16,7 @@ from .geometry import render
 
 # %% auto #0
 __all__ = ['EOS', 'TINY_PROMPT_SPEC', 'MODEL_IMAGE_SHAPE', 'Q_UM', 'PHASES', 'VLM_IMAGE_TOKEN', 'VLM_CHAT_TEMPLATE',
-           'TINY_VLM_PROMPT_SPEC', 'VL_FAMILIES', 'QWEN_VL_TOKENS', 'QWEN_VL_CHAT_TEMPLATE', 'tiny_dir',
+           'TINY_VLM_PROMPT_SPEC', 'VL_FAMILIES', 'VL_MERGE', 'QWEN_VL_TOKENS', 'QWEN_VL_CHAT_TEMPLATE', 'tiny_dir',
            'char_tokenizer', 'new_tiny_model', 'SceneTask', 'random_scene', 'scene_stream', 'pretrain', 'save_tiny',
            'build_tiny', 'mrope_section', 'build_tiny_vlm']
 
@@ -213,6 +213,7 @@ VLM_CHAT_TEMPLATE = (
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TINY_VLM_PROMPT_SPEC = PromptSpec(representation="py", api_doc=False, vision=True, image_size=64)
 VL_FAMILIES = ("llava", "qwen2.5-vl")   # build_tiny_vlm's classes: image tokens at 1-D positions / at 2-D rotary positions
+VL_MERGE = {"llava": 1, "qwen2.5-vl": 2}   # each family's own patch merge (merge × merge patches a token; LLaVA has none)
 QWEN_VL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 QWEN_VL_CHAT_TEMPLATE = VLM_CHAT_TEMPLATE.replace("<image>\n", "<|vision_start|><|image_pad|><|vision_end|>\n")
 
@@ -306,14 +307,14 @@ def build_tiny_vlm(out_dir, seed: int = 0, hidden: int = 64, layers: int = 2, pa
     `tiny_dir()` with hidden=128, layers=4, intermediate=384) supplies the language model's weights; its vision tower
     and projector are always untrained. `number_tokens`: the band bases' vocabulary (`char_tokenizer(number_tokens=True)`,
     e.g. for `text_from` pixrl-base); `vision_hidden` / `vision_layers`: the tower's width and depth (default hidden // 2
-    and layers); `merge`: Qwen2.5-VL's patch merger (`merge × merge` patches to an image token; None: 2); LLaVA has
+    and layers); `merge`: Qwen2.5-VL's patch merger (`merge × merge` patches to an image token; None: `VL_MERGE`'s); LLaVA has
     no merger and takes only None or 1."""
     if family not in VL_FAMILIES:
         raise ValueError(f"build_tiny_vlm: family {family!r}; accepted: {VL_FAMILIES}")
     if not spec.vision:
         raise ValueError(f"build_tiny_vlm: spec.vision must be True, got {spec!r}")
     if merge is None:
-        merge = 2 if family == "qwen2.5-vl" else 1
+        merge = VL_MERGE[family]
     if family == "llava" and merge != 1:
         raise ValueError(f"build_tiny_vlm: merge {merge} for llava, which has no patch merger; accepted: None or 1")
     S = spec.image_size
