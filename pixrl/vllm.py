@@ -285,12 +285,9 @@ VLLMServer.__enter__ = lambda self: self.start()
 VLLMServer.__exit__ = lambda self, *exc: self.close()
 
 # %% ../nbs/10_vllm.ipynb #054e2904
-def _generate(self, prompt_ids: list, n: int, *, temperature: float, max_tokens: int, seed: int,
-              stop_token_ids=(), top_p: float = 1.0, top_k: int = 0, logprobs: bool = True) -> list:
-    "`n` completions of one prompt (token ids) as `Completion`s; sample i is seeded `seed + i`."
-    body = {"model": self.name, "prompt": list(prompt_ids), "n": n, "temperature": temperature, "top_p": top_p,
-            "top_k": top_k if top_k > 0 else -1, "max_tokens": max_tokens, "seed": seed,
-            "stop_token_ids": list(stop_token_ids), "return_token_ids": True}
+def _request(self, prompt_ids: list, n: int, seed: int, logprobs: bool, sampling: dict) -> list:
+    "One completions request: `n` samples of one prompt, sample i seeded `seed + i`, as `Completion`s."
+    body = {"model": self.name, "prompt": list(prompt_ids), "n": n, "seed": seed, "return_token_ids": True, **sampling}
     if logprobs:
         body["logprobs"] = 0                          # the sampled token's own log-probability
     try:
@@ -301,10 +298,32 @@ def _generate(self, prompt_ids: list, n: int, *, temperature: float, max_tokens:
     return [Completion(c["token_ids"], c["logprobs"]["token_logprobs"] if logprobs else None, c["finish_reason"])
             for c in choices]
 
-def _generate_groups(self, prompts: list, n: int, *, seed: int, **kw) -> list:
-    "`generate` for each prompt, sent at once (the engine batches them); group g is seeded `seed + g·n`."
+def _generate(self, prompt_ids: list, n: int, *, temperature: float, max_tokens: int, seed: int,
+              stop_token_ids=(), top_p: float = 1.0, top_k: int = 0, logprobs: bool = True,
+              logprob_n: int | None = None) -> list:
+    """`n` completions of one prompt (token ids) as `Completion`s; sample i is seeded `seed + i`. With `logprobs`,
+    the first `logprob_n` samples (None: all n) carry their log-probabilities: the request is split in two, sent at
+    once, and the samples are the same ones (their seeds do not change)."""
+    if logprob_n is not None and not (isinstance(logprob_n, int) and 0 <= logprob_n <= n):
+        raise ValueError(f"logprob_n {logprob_n!r}; accepted: None (every sample) or an integer in 0..n={n}")
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k if top_k > 0 else -1,
+                "max_tokens": max_tokens, "stop_token_ids": list(stop_token_ids)}
+    k = n if logprob_n is None or not logprobs else logprob_n        # samples 0..k-1 carry log-probabilities
+    if k in (0, n):
+        return _request(self, prompt_ids, n, seed, k > 0 and logprobs, sampling)
+    with ThreadPoolExecutor(2) as pool:
+        scored = pool.submit(_request, self, prompt_ids, k, seed, True, sampling)
+        rest = pool.submit(_request, self, prompt_ids, n - k, seed + k, False, sampling)
+        return scored.result() + rest.result()
+
+def _generate_groups(self, prompts: list, n: int, *, seed: int, logprob_n: int | None = None, **kw) -> list:
+    """`generate` for each prompt, sent at once (the engine batches them); group g is seeded `seed + g·n`.
+    `logprob_n`: only the first group's first `logprob_n` samples carry log-probabilities (None: every sample, as
+    `logprobs` says)."""
+    def group_kw(g: int) -> dict:
+        return kw if logprob_n is None else {**kw, "logprob_n": logprob_n if g == 0 else 0}
     with ThreadPoolExecutor(max(1, len(prompts))) as pool:
-        futures = [pool.submit(self.generate, p, n, seed=seed + g * n, **kw) for g, p in enumerate(prompts)]
+        futures = [pool.submit(self.generate, p, n, seed=seed + g * n, **group_kw(g)) for g, p in enumerate(prompts)]
         return [f.result() for f in futures]
 
 def _complete_text(self, prompt: str, *, max_tokens: int = 64, temperature: float = 0.0, chat: bool = False,

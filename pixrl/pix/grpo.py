@@ -27,9 +27,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 datasets.disable_progress_bars()
 
 # %% auto #0
-__all__ = ['VLLM_LOGPROB_TOL', 'SHARED_PREFIX_VLMS', 'LENGTH_BUCKETS', 'replay_mix', 'rl_dataset', 'sft_dataset',
-           'per_device_batch', 'PixGRPOTrainer', 'PixSFTTrainer', 'PeriodicProbe', 'time_shares', 'CpuShare',
-           'prompt_groups', 'rollout_seed', 'server_rollouts', 'rank_record', 'ProgressLog', 'has_cuda',
+__all__ = ['VLLM_LOGPROB_TOL', 'VLLM_CHECK_ROWS', 'SHARED_PREFIX_VLMS', 'LENGTH_BUCKETS', 'replay_mix', 'rl_dataset',
+           'sft_dataset', 'per_device_batch', 'PixGRPOTrainer', 'PixSFTTrainer', 'PeriodicProbe', 'time_shares',
+           'CpuShare', 'prompt_groups', 'rollout_seed', 'server_rollouts', 'rank_record', 'ProgressLog', 'has_cuda',
            'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint', 'grpo_config', 'shared_prefix_logps',
            'start_rollout_server', 'run_grpo', 'run_sft']
 
@@ -199,6 +199,8 @@ def rollout_seed(seed: int, step: int, process: int) -> int:
     return (seed * 1_000_003 + step * 10_007 + process * 101) % (2**31 - 1)
 
 # %% ../../nbs/pix/07_grpo.ipynb #93e10628
+VLLM_CHECK_ROWS = 1   # completions of the first block whose server log-probs are checked after a sync
+
 def server_rollouts(trainer: PixGRPOTrainer, prompt_ids: list, num_generations: int) -> tuple[list, None]:
     "(completion ids, None) for TRL's `_generate_single_turn`, sampled by `trainer.vllm_server` (see above)."
     server, step = trainer.vllm_server, trainer.state.global_step
@@ -211,9 +213,9 @@ def server_rollouts(trainer: PixGRPOTrainer, prompt_ids: list, num_generations: 
     outs = server.generate_groups(groups, num_generations, seed=rollout_seed(trainer.args.seed, step, rank()),
                                   temperature=trainer.temperature, top_p=trainer.top_p, top_k=trainer.top_k or 0,
                                   max_tokens=trainer.max_completion_length, stop_token_ids=trainer.eos_token_ids,
-                                  logprobs=plain is not None)
+                                  logprobs=plain is not None, logprob_n=min(VLLM_CHECK_ROWS, num_generations))
     if plain is not None:
-        first = outs[0]
+        first = outs[0][:VLLM_CHECK_ROWS]
         mean, worst = sampled_logprob_gap(plain, [groups[0]] * len(first), [c.token_ids for c in first],
                                           [c.logprobs for c in first])
         trainer._metrics["train"]["vllm/logprob_gap_mean"].append(mean)
