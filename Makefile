@@ -148,7 +148,7 @@ bench-eval: setup
 	papermill nbs/bench_eval.ipynb runs/bench_eval.ipynb --cwd nbs
 
 # GRPO rollouts through transformers (fast_rollouts) and vLLM (fp32, bf16) side by side, GRPO step times with
-# vllm_mode off and server, the arithmetic limit (~8 min) -> runs/bench_rollout_vllm.ipynb. The older peft-vs-merged
+# vllm_mode off and server, the arithmetic limit (~12 min) -> runs/bench_rollout_vllm.ipynb. The older peft-vs-merged
 # benchmark: papermill nbs/bench_rollout.ipynb runs/bench_rollout_long.ipynb -p model pixrl-base-long ...
 bench-rollout: setup vllm-env
 	papermill nbs/bench_vllm.ipynb runs/bench_rollout_vllm.ipynb --cwd nbs
