@@ -304,7 +304,7 @@ def _generate(self, prompt_ids: list, n: int, *, temperature: float, max_tokens:
     """`n` completions of one prompt (token ids) as `Completion`s; sample i is seeded `seed + i`. With `logprobs`,
     the first `logprob_n` samples (None: all n) carry their log-probabilities: the request is split in two, sent at
     once, and the samples are the same ones (their seeds do not change)."""
-    if logprob_n is not None and not (isinstance(logprob_n, int) and 0 <= logprob_n <= n):
+    if logprob_n is not None and (isinstance(logprob_n, bool) or not isinstance(logprob_n, int) or not 0 <= logprob_n <= n):
         raise ValueError(f"logprob_n {logprob_n!r}; accepted: None (every sample) or an integer in 0..n={n}")
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k if top_k > 0 else -1,
                 "max_tokens": max_tokens, "stop_token_ids": list(stop_token_ids)}

@@ -271,7 +271,7 @@ def test_mem_trainer_runs_through_the_vllm_server(tmp_path):
     """The mem trainer with backend 'vllm' on CPU: rollouts come from the server, which gets the trained weights after
     each optimizer step; a greedy turn from the server equals HFPolicy's; `close` stops the server. On its server:
     `generate(..., logprob_n=1)` (the GRPO check's request) returns the same samples as one request, log-probs on the
-    first only, and a `logprob_n` above n is refused."""
+    first only, and a `logprob_n` outside 0..n (or a bool) is refused."""
     from pixrl.mem.train import HFPolicy, MemGRPOTrainer, MemTrainConfig, VLLMPolicy
     train = _mem_fixture()
     cfg = MemTrainConfig(model="pixrl-mem-base", backend="vllm", steps=2, groups_per_step=2, num_generations=2,
@@ -297,8 +297,9 @@ def test_mem_trainer_runs_through_the_vllm_server(tmp_path):
         assert len({tuple(c.token_ids) for c in whole}) > 1                    # four samples, not one repeated
         assert split[0].logprobs == pytest.approx(whole[0].logprobs, abs=1e-5)
         assert all(c.logprobs is None for c in split[1:])
-        with pytest.raises(ValueError, match="logprob_n 5"):
-            srv.generate(ids, 4, temperature=1.0, max_tokens=16, seed=11, logprob_n=5)
+        for bad in (5, -1, True):
+            with pytest.raises(ValueError, match=f"logprob_n {bad}"):
+                srv.generate(ids, 4, temperature=1.0, max_tokens=16, seed=11, logprob_n=bad)
     finally:
         tr.close()
     assert not group_alive(tr.policy.server.proc.pid)
