@@ -15,12 +15,12 @@ from typing import Callable
 __all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'NOISY_NAME', 'LONG_NAME', 'REVISER_NAME', 'EDITOR_NAME',
            'LINE_EDITOR_NAME', 'VL_BASE_NAME', 'MOVER_NAME', 'COMMITTED_MODELS', 'PIXRL_META', 'EVIDENCE_DIRS',
            'DIRTY_SHOWN', 'RUN_LINES', 'RUN_STATUSES', 'REGISTRY_KEYS', 'RECORD_FIELDS', 'MODEL_NAMES', 'repo_root',
-           'cache_dir', 'dirty_files', 'git_state', 'package_versions', 'DirtyTree', 'recorded_run', 'require_clean',
-           'run_record', 'Timer', 'set_seed', 'CorruptRecord', 'write_text_atomic', 'read_json', 'rank', 'world_size',
-           'is_main_rank', 'end_process_group', 'exit_launched_rank', 'params_digest', 'thread_cap', 'CpuLease',
-           'Accepts', 'setting', 'field_accepts', 'undeclared', 'accepted', 'check_fields', 'refuse_old_names',
-           'upgrade_names', 'check_run_entry', 'check_record', 'read_registry', 'run_status', 'notebook_outputs',
-           'notebook_record', 'notebook_wall', 'run_record_of']
+           'cache_dir', 'dirty_files', 'git_state', 'package_versions', 'cpu_state', 'DirtyTree', 'recorded_run',
+           'require_clean', 'run_record', 'Timer', 'set_seed', 'CorruptRecord', 'write_text_atomic', 'read_json',
+           'rank', 'world_size', 'is_main_rank', 'end_process_group', 'exit_launched_rank', 'params_digest',
+           'thread_cap', 'CpuLease', 'Accepts', 'setting', 'field_accepts', 'undeclared', 'accepted', 'check_fields',
+           'refuse_old_names', 'upgrade_names', 'check_run_entry', 'check_record', 'read_registry', 'run_status',
+           'notebook_outputs', 'notebook_record', 'notebook_wall', 'run_record_of']
 
 # %% ../nbs/00_core.ipynb #5141a9af
 IN_TEST = bool(os.environ.get("IN_TEST"))  # set by nbdev_test: shrink notebook defaults under it
@@ -96,6 +96,26 @@ def package_versions(names=_VERSIONED) -> dict:
             out[n] = None
     return out
 
+def cpu_state() -> dict:
+    """The processor a run's floats come from: /proc/cpuinfo's `model name`, `cpu family` and `model` (None where there
+    is none), the cores this process may use, and torch's vectorised kernel level (`torch.backends.cpu.get_cpu_capability`,
+    e.g. 'AVX512'; None without torch)."""
+    info = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())   # the first processor's fields
+    except OSError:
+        pass
+    try:
+        import torch
+        capability = torch.backends.cpu.get_cpu_capability()
+    except ImportError:
+        capability = None
+    return {"model": info.get("model name"), "family": info.get("cpu family"), "model_id": info.get("model"),
+            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "torch_capability": capability}
+
 class DirtyTree(ValueError):
     "A recorded run refused on a checkout with uncommitted changes to tracked files; the message names them."
 
@@ -127,13 +147,13 @@ def require_clean(allow_dirty: bool = False, evidence=None, root: Path | None = 
 
 def run_record(seed: int | None = None, data_digest: str | None = None, *, allow_dirty: bool = False, evidence=None,
                **extra) -> dict:
-    """What an evidence notebook records about itself: commit, dirty flag, allow_dirty, versions, seed, data digest,
-    start time. `evidence`: where the run writes its evidence (its run directory or record file; a notebook whose
+    """What an evidence notebook records about itself: commit, dirty flag, allow_dirty, versions, processor (`cpu_state`),
+    seed, data digest, start time. `evidence`: where the run writes its evidence (its run directory or record file; a notebook whose
     evidence is only itself: the runs folder it is written into); given, a recorded run on a dirty tree is refused
     first (`require_clean`)."""
     return {**require_clean(allow_dirty, evidence), "seed": seed, "data_digest": data_digest,
             "versions": package_versions(), "python": sys.version.split()[0], "platform": platform.platform(),
-            "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **extra}
+            "cpu": cpu_state(), "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **extra}
 
 
 # %% ../nbs/00_core.ipynb #dfcb950a
