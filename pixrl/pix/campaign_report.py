@@ -12,7 +12,7 @@ from ..stats import paired_bootstrap, per_task_means
 __all__ = ['STEP_COLUMNS', 'VERDICT_METRICS', 'COLLAPSE_LEVELS', 'preflight_table', 'show_probe_curves', 'stage_table',
            'step_metrics', 'plot_steps', 'campaign_time_shares', 'best_sample', 'plot_samples', 'probe_verdicts',
            'exec_rate', 'one_call_share', 'collapse_table', 'verdict_markdown', 'wall_since', 'finish_campaign',
-           'campaign_summary', 'probe_match']
+           'campaign_summary', 'probe_match', 'first_apart']
 
 # %% ../../nbs/pix/09a_campaign_report.ipynb #cr000004
 STEP_COLUMNS = ("reward", "pix/reward_v3b", "pix/reward_v3c", "pix/reward_v3d", "pix/iou_n", "pix/teacher_nb", "pix/executable",
@@ -213,3 +213,22 @@ def probe_match(run_a, run_b) -> pd.DataFrame:
         rows.append({"probe": name.removesuffix(".json"), "samples_a": len(sa), "samples_b": len(sb), "identical": same,
                      "iou_a": float(np.mean([s["iou"] for s in sa])), "iou_b": float(np.mean([s["iou"] for s in sb]))})
     return pd.DataFrame(rows)
+
+# %% ../../nbs/pix/09a_campaign_report.ipynb #745bf4f5
+def first_apart(run_a, run_b, key: str = "grad_norm") -> dict | None:
+    """The first optimizer step (stage by stage: metrics_<k>.json) whose logged `key` differs between two campaign
+    run directories: {stage, step, a, b}; None when all agree. Both runs must hold the same stages' metrics and steps."""
+    run_a, run_b = Path(run_a), Path(run_b)
+    names_a = sorted((p.name for p in run_a.glob("metrics_*.json")), key=lambda n: int(n[8:-5]))
+    names_b = sorted((p.name for p in run_b.glob("metrics_*.json")), key=lambda n: int(n[8:-5]))
+    if not names_a or names_a != names_b:
+        raise ValueError(f"{run_a} has metrics {names_a}, {run_b} has {names_b}; accepted: the same, non-empty set")
+    for name in names_a:
+        rows_a = [r for r in json.loads((run_a / name).read_text()) if key in r]   # one row per optimizer step
+        rows_b = [r for r in json.loads((run_b / name).read_text()) if key in r]
+        if [r["step"] for r in rows_a] != [r["step"] for r in rows_b]:
+            raise ValueError(f"{name}: the runs logged {key} at other steps; accepted: the same steps")
+        for ra, rb in zip(rows_a, rows_b):
+            if ra[key] != rb[key]:
+                return {"stage": int(name[8:-5]), "step": ra["step"], "a": ra[key], "b": rb[key]}
+    return None
