@@ -11,7 +11,7 @@ STAMP := $(VENV)/.pixrl-setup
 # worker on 2 cores wait on each other (a GRPO step measured 25 s instead of 0.95 s)
 TEST_WORKERS ?= 2
 
-.PHONY: setup vllm-env test train probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long base-reviser base-editor base-line-editor base-mover base-vl mem-base mem-base-dw mem-ablation export clean-nbs
+.PHONY: setup vllm-env test train train-vllm probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long base-reviser base-editor base-line-editor base-mover base-vl mem-base mem-base-dw mem-ablation export clean-nbs
 
 setup: $(STAMP)
 
@@ -55,6 +55,12 @@ test:
 # The main job: arm B (base RL L0 -> L4) on the embedded pixrl-base-long; re-running resumes (finished stages are skipped).
 train: setup
 	papermill nbs/train.ipynb runs/b.ipynb -p arm B --cwd nbs
+
+# make train's recipe with its rollouts from vLLM (pixrl's loopback server from make vllm-env's environment, weights
+# synced through disk after every step, each sync checked) and each group's prompt run once in the loss: 838 s against
+# 1,065 s here (runs/b_vllm_sp_1207, runs/b_rerun_1207). Other samples than transformers', so another run: runs/b_vllm.
+train-vllm: setup vllm-env
+	papermill nbs/train.ipynb runs/b_vllm.ipynb -p arm B -p name b_vllm -p vllm_mode server -p shared_prefix True --cwd nbs
 
 # The fixed 80-task probe of a model (default pixrl-base-long); -> runs/probe.ipynb + runs/probe/probe.json
 probe: setup
