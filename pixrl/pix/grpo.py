@@ -10,6 +10,7 @@ from datasets import Dataset
 from transformers import TrainerCallback, PrinterCallback
 import datasets
 from transformers.trainer_utils import get_last_checkpoint
+from transformers.cache_utils import DynamicLayer
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 from peft import LoraConfig
 import warnings
@@ -30,8 +31,8 @@ datasets.disable_progress_bars()
 __all__ = ['VLLM_LOGPROB_TOL', 'VLLM_CHECK_ROWS', 'SHARED_PREFIX_VLMS', 'LENGTH_BUCKETS', 'replay_mix', 'rl_dataset',
            'sft_dataset', 'per_device_batch', 'PixGRPOTrainer', 'PixSFTTrainer', 'PeriodicProbe', 'time_shares',
            'CpuShare', 'prompt_groups', 'rollout_seed', 'server_rollouts', 'rank_record', 'ProgressLog', 'has_cuda',
-           'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint', 'grpo_config', 'shared_prefix_logps',
-           'start_rollout_server', 'run_grpo', 'run_sft']
+           'resolve_use_vllm', 'device_kw', 'lora_config', 'last_checkpoint', 'grpo_config', 'select_cache_rows',
+           'shared_prefix_logps', 'start_rollout_server', 'run_grpo', 'run_sft']
 
 # %% ../../nbs/pix/07_grpo.ipynb #4c55cd8b
 def replay_mix(tasks: list, replay_tasks: list, replay_share: float, seed: int = 0) -> list:
@@ -344,6 +345,17 @@ def grpo_config(out_dir, steps: int, *, learning_rate: float, num_generations: i
 SHARED_PREFIX_VLMS = ("llava",)   # VLM model types whose image inputs are one tensor row per prompt row: shared_prefix runs them
 LENGTH_BUCKETS = 4                 # the rows' completions run in up to this many forwards, each only as long as its longest
 
+def select_cache_rows(cache, index) -> None:
+    """Keep the rows `index` (repeats allowed) of every layer's keys and values of a transformers `DynamicCache`, by
+    `index_select` — not `cache.batch_select_indices`, whose advanced indexing backpropagates through an accumulating
+    `index_put_` that adds repeated rows in another order from call to call on 2 CPU threads."""
+    for layer in cache.layers:
+        if type(layer).batch_select_indices is not DynamicLayer.batch_select_indices:
+            raise ValueError(f"select_cache_rows: a {type(layer).__name__} cache layer; accepted: layers holding only "
+                             "keys and values (DynamicLayer and its sliding-window kind)")
+        layer.keys = layer.keys.index_select(0, index)
+        layer.values = layer.values.index_select(0, index)
+
 def shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep: int, compute_entropy: bool = False,
                         length_buckets: int = LENGTH_BUCKETS, **images) -> tuple:
     """Per-token log-probabilities (and entropies, else None) of the last `logits_to_keep` tokens of every row, each
@@ -386,7 +398,7 @@ def shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep: int, c
         L = max(1, int(length[rows].max()))                                 # the bucket's completion columns
         cache = copy.copy(head.cache)                                       # U rows of keys/values over P − 1 positions;
         cache.layers = [copy.copy(layer) for layer in cache.layers]         # each bucket selects its own rows from them
-        cache.batch_select_indices(row_of[rows])                            # → b rows (an index: gradients sum back per group)
+        select_cache_rows(cache, row_of[rows])                              # → b rows (an index: gradients sum back per group)
         tail = input_ids[rows, P - 1:P + L]                                 # (b, 1 + L): the last prompt token, the completion
         labels = tail.masked_fill(attention_mask[rows, P - 1:P + L] == 0, -100)   # the fused head scores labels[:, 1:]
         out = model(input_ids=tail, attention_mask=attention_mask[rows, :P + L], cache=cache, labels=labels, fused_lm_head=True)
