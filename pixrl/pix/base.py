@@ -514,12 +514,14 @@ def initial_model(cfg: BaseConfig):
 
 # %% ../../nbs/pix/06a_base.ipynb #504073dc
 def pretrain_loop(cfg, model, work_dir, batch_of, weight_decay: float, verbose: bool = False,
-                  stop_after: int | None = None) -> tuple[list, dict]:
+                  stop_after: int | None = None, frozen: tuple | None = None) -> tuple[list, dict]:
     """The pretraining loop of every pixrl base (`train_base`; `pixrl.pix.base_vl.train_vl_base`): AdamW
     (`weight_decay`) on `cfg.lr_at`'s schedule, grad-norm clip 1.0, `batch_of(step)` → the model's keyword batch (labels
     included); a log line every 20 steps; a checkpoint every `cfg.ckpt_every` (and at the end, or where `stop_after`
     interrupts it) in `work_dir/ckpt`, resumed from there (a checkpoint of another config is refused). `cfg` has `lr`,
-    `lr_at`, `steps` and `ckpt_every`. Returns (log, info)."""
+    `lr_at`, `steps` and `ckpt_every`. `frozen`: (parameters, steps) — those parameters take no update before optimizer
+    step `steps` (their `requires_grad` is off, so no weight gradient is computed and AdamW passes them over; its state
+    for them starts at `steps`). Returns (log, info)."""
     work = Path(work_dir)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: cfg.lr_at(t) / cfg.lr)
@@ -528,6 +530,8 @@ def pretrain_loop(cfg, model, work_dir, batch_of, weight_decay: float, verbose: 
     ran = 0
     with Timer() as t:
         for step in range(start, cfg.steps):
+            for p in frozen[0] if frozen else ():
+                p.requires_grad_(step >= frozen[1])
             batch = batch_of(step)                     # (B, T) tensors each (+ a VLM's image tensors)
             loss = model(**batch).loss
             loss.backward()
@@ -549,6 +553,8 @@ def pretrain_loop(cfg, model, work_dir, batch_of, weight_decay: float, verbose: 
                                                       "step": done, "log": log, "config": dataclasses.asdict(cfg)})
             if stop_after and ran >= stop_after:
                 break
+    for p in frozen[0] if frozen else ():
+        p.requires_grad_(True)
     model.eval()
     info = {"steps_done": start + ran, "resumed_from": start, "seconds_this_run": round(t.seconds, 1),
             "params": sum(p.numel() for p in model.parameters())}

@@ -49,6 +49,8 @@ class VLBaseConfig:
     lr: float = 2e-3             # peak AdamW learning rate (no weight decay, grad-norm clip 1.0), all weights
     warmup: int = 50             # linear warm-up steps, then cosine to min_lr_frac · lr
     min_lr_frac: float = 0.1     # floor of the cosine schedule, as a fraction of lr
+    align_steps: int = 0         # the first align_steps steps train the tower and projector only, the language model
+                                 # frozen (LLaVA's stage 1, projector alignment); 0: every weight from the first step
     seed: int = 0                # tower and projector init, torch RNG and the corpus stream
     ckpt_every: int = 100        # steps between checkpoints (resumable; the last two are kept)
     max_chars: int = 900         # scenes whose band program is longer are passed over (bounds padding)
@@ -87,6 +89,8 @@ class VLBaseConfig:
             raise ValueError(f"VLBaseConfig.init_from {self.init_from!r}; accepted: '' or a VL base's name or directory")
         if not 0 <= self.min_lr_frac <= 1:
             raise ValueError(f"VLBaseConfig.min_lr_frac {self.min_lr_frac!r}; accepted: a fraction in [0, 1]")
+        if not isinstance(self.align_steps, int) or not 0 <= self.align_steps < self.steps:
+            raise ValueError(f"VLBaseConfig.align_steps {self.align_steps!r}; accepted: an integer in [0, steps {self.steps})")
 
     def lr_at(self, step: int) -> float:
         "The learning rate of optimizer step `step` (0-based): the text bases' `pixrl.pix.base.warmup_cosine`."
@@ -190,8 +194,10 @@ def train_vl_base(cfg: VLBaseConfig, work_dir, verbose: bool = False, stop_after
         (continued_vl_model if cfg.init_from else initial_vl_model)(cfg, init)
     set_seed(cfg.seed)
     policy = load_policy(str(init))
+    language = [p for n, p in policy.model.named_parameters() if n.startswith(("model.language_model.", "lm_head."))]
     log, info = pretrain_loop(cfg, policy.model, work, lambda step: vl_batch(policy, step_scenes(cfg, step), cfg.cells, cfg.target),
-                              weight_decay=0.0, verbose=verbose, stop_after=stop_after)
+                              weight_decay=0.0, verbose=verbose, stop_after=stop_after,
+                              frozen=(language, cfg.align_steps) if cfg.align_steps else None)
     return policy, log, info
 
 
