@@ -54,7 +54,9 @@ class VLBaseConfig:
     seed: int = 0                # tower and projector init, torch RNG and the corpus stream
     ckpt_every: int = 100        # steps between checkpoints (resumable; the last two are kept)
     max_chars: int = 900         # scenes whose band program is longer are passed over (bounds padding)
-    max_new_tokens: int = 400    # generation budget stored with the model (pixrl.json)
+    max_new_tokens: int = 800    # generation budget stored with the model (pixrl.json); 800, not pixrl-base's 400: its
+                                 # answers run longer than its targets (≤ max_chars), and at 400 greedy cut 46% of
+                                 # them and sampling 7% (runs/vl_budget); the lever runs before 2026-12-07 stored 400
     init_from: str = ""          # "": an untrained tower on `text_init`; else a built VL base (name or directory) whose
                                  # weights the run continues from, on its own schedule (its patch and tower must be these)
 
