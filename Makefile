@@ -11,7 +11,7 @@ STAMP := $(VENV)/.pixrl-setup
 # worker on 2 cores wait on each other (a GRPO step measured 25 s instead of 0.95 s)
 TEST_WORKERS ?= 2
 
-.PHONY: setup vllm-env test train train-vllm probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long base-reviser base-editor base-line-editor base-mover base-vl mem-base mem-base-dw mem-ablation export clean-nbs
+.PHONY: setup vllm-env test train train-vllm probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long base-reviser base-editor base-line-editor base-mover base-vl base-vl16 mem-base mem-base-dw mem-ablation export clean-nbs
 
 setup: $(STAMP)
 
@@ -93,6 +93,10 @@ base: setup
 # $PIXRL_CACHE/base-vl-work); ≈ 1.7 h on 2 cores (4,000 steps). Then probe, base bars and the real/shuffled/blank looking test.
 base-vl: setup
 	papermill nbs/base_vl.ipynb runs/base_vl_model.ipynb --cwd nbs
+
+# pixrl-base-vl16: make base-vl's recipe with its band programs on 16 cells (half the raster's grid); ≈ 1 h on 2 cores.
+base-vl16: setup
+	papermill nbs/base_vl.ipynb runs/base_vl_c16.ipynb -p cells 16 -p out_dir ../data/models/pixrl-base-vl16 -p run_dir ../runs/base_vl_c16 --cwd nbs
 
 # pixrl-base-noisy alone, from the committed pixrl-base (its sha256 checked first).
 base-noisy: setup
