@@ -11,7 +11,7 @@ STAMP := $(VENV)/.pixrl-setup
 # worker on 2 cores wait on each other (a GRPO step measured 25 s instead of 0.95 s)
 TEST_WORKERS ?= 2
 
-.PHONY: setup vllm-env test train train-vllm probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long base-reviser base-editor base-line-editor base-mover base-vl base-vl16 mem-base mem-base-dw mem-ablation export clean-nbs
+.PHONY: setup vllm-env test train train-vllm probe lab bench-eval bench-rollout fuzz-eval gpu-check gpu-wheels tiny base base-noisy base-long base-reviser base-editor base-line-editor base-mover base-vl base-vl16 base-vl16c mem-base mem-base-dw mem-ablation export clean-nbs
 
 setup: $(STAMP)
 
@@ -97,6 +97,11 @@ base-vl: setup
 # pixrl-base-vl16: make base-vl's recipe with its band programs on 16 cells (half the raster's grid); ≈ 1 h on 2 cores.
 base-vl16: setup
 	papermill nbs/base_vl.ipynb runs/base_vl_c16.ipynb -p cells 16 -p out_dir ../data/models/pixrl-base-vl16 -p run_dir ../runs/base_vl_c16 --cwd nbs
+
+# pixrl-base-vl16c: the committed pixrl-base-vl16 (its sha256 checked) continued 3,200 steps on a second schedule
+# (lr 1e-3, new scenes: seed 1); ≈ 55 min on 2 cores.
+base-vl16c: setup
+	papermill nbs/base_vl.ipynb runs/base_vl16_cont.ipynb -p init_from pixrl-base-vl16 -p cells 16 -p steps 3200 -p lr 1e-3 -p seed 1 -p out_dir ../data/models/pixrl-base-vl16c -p run_dir ../runs/base_vl16_cont --cwd nbs
 
 # pixrl-base-noisy alone, from the committed pixrl-base (its sha256 checked first).
 base-noisy: setup

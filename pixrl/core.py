@@ -13,14 +13,15 @@ from typing import Callable
 
 # %% auto #0
 __all__ = ['IN_TEST', 'TINY_NAME', 'TINY_VL_NAME', 'BASE_NAME', 'NOISY_NAME', 'LONG_NAME', 'REVISER_NAME', 'EDITOR_NAME',
-           'LINE_EDITOR_NAME', 'VL_BASE_NAME', 'VL16_BASE_NAME', 'MOVER_NAME', 'COMMITTED_MODELS', 'PIXRL_META',
-           'EVIDENCE_DIRS', 'DIRTY_SHOWN', 'RUN_LINES', 'RUN_STATUSES', 'REGISTRY_KEYS', 'RECORD_FIELDS', 'MODEL_NAMES',
-           'repo_root', 'cache_dir', 'dirty_files', 'git_state', 'package_versions', 'cpu_state', 'DirtyTree',
-           'recorded_run', 'require_clean', 'run_record', 'Timer', 'set_seed', 'CorruptRecord', 'write_text_atomic',
-           'read_json', 'rank', 'world_size', 'is_main_rank', 'end_process_group', 'exit_launched_rank',
-           'params_digest', 'thread_cap', 'CpuLease', 'Accepts', 'setting', 'field_accepts', 'undeclared', 'accepted',
-           'check_fields', 'refuse_old_names', 'upgrade_names', 'check_run_entry', 'check_record', 'read_registry',
-           'run_status', 'notebook_outputs', 'notebook_record', 'notebook_wall', 'run_record_of']
+           'LINE_EDITOR_NAME', 'VL_BASE_NAME', 'VL16_BASE_NAME', 'VL16C_BASE_NAME', 'MOVER_NAME', 'COMMITTED_MODELS',
+           'PIXRL_META', 'EVIDENCE_DIRS', 'DIRTY_SHOWN', 'RUN_LINES', 'RUN_STATUSES', 'REGISTRY_KEYS', 'RECORD_FIELDS',
+           'MODEL_NAMES', 'repo_root', 'cache_dir', 'dirty_files', 'git_state', 'package_versions', 'cpu_state',
+           'DirtyTree', 'recorded_run', 'require_clean', 'run_record', 'Timer', 'set_seed', 'CorruptRecord',
+           'write_text_atomic', 'read_json', 'rank', 'world_size', 'is_main_rank', 'end_process_group',
+           'exit_launched_rank', 'params_digest', 'thread_cap', 'CpuLease', 'Accepts', 'setting', 'field_accepts',
+           'undeclared', 'accepted', 'check_fields', 'refuse_old_names', 'upgrade_names', 'check_run_entry',
+           'check_record', 'read_registry', 'run_status', 'notebook_outputs', 'notebook_record', 'notebook_wall',
+           'run_record_of']
 
 # %% ../nbs/00_core.ipynb #5141a9af
 IN_TEST = bool(os.environ.get("IN_TEST"))  # set by nbdev_test: shrink notebook defaults under it
@@ -37,9 +38,10 @@ LINE_EDITOR_NAME = "pixrl-base-line-editor"  # pixrl-base continued with half it
                                              # (LoopConfig.revision "edit"), following the loop's region feedback
 VL_BASE_NAME = "pixrl-base-vl"   # a LLaVA VLM on pixrl-base's language model, pretrained through the image only (pixrl.pix.base_vl)
 VL16_BASE_NAME = "pixrl-base-vl16"   # the same recipe, its band programs on 16 cells (VLBaseConfig.cells 16)
+VL16C_BASE_NAME = "pixrl-base-vl16c"   # pixrl-base-vl16 continued 3,200 steps on a second schedule (lr 1e-3, new scenes)
 MOVER_NAME = "pixrl-base-mover"  # pixrl-base continued with half its scenes shown as revisions answered by one edge move
                                  # (LoopConfig.revision "move": `move(k, a, d)`), following the loop's region feedback
-COMMITTED_MODELS = (BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME, LINE_EDITOR_NAME, MOVER_NAME, VL_BASE_NAME, VL16_BASE_NAME)   # built by `make base` / `make base-vl`, committed under data/models/ with a sha256 record
+COMMITTED_MODELS = (BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME, LINE_EDITOR_NAME, MOVER_NAME, VL_BASE_NAME, VL16_BASE_NAME, VL16C_BASE_NAME)   # built by `make base` / `make base-vl`, committed under data/models/ with a sha256 record
 PIXRL_META = "pixrl.json"        # beside a model's weights: the PromptSpec it was trained with, its budget, its build
 
 def repo_root() -> Path:

@@ -6,7 +6,7 @@ import hashlib, os, pickle
 from pathlib import Path
 import torch
 from transformers import Qwen2Config
-from .core import repo_root, BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME, LINE_EDITOR_NAME, MOVER_NAME, VL_BASE_NAME, VL16_BASE_NAME
+from .core import repo_root, BASE_NAME, NOISY_NAME, LONG_NAME, REVISER_NAME, EDITOR_NAME, LINE_EDITOR_NAME, MOVER_NAME, VL_BASE_NAME, VL16_BASE_NAME, VL16C_BASE_NAME
 
 # %% auto #0
 __all__ = ['KEYS_CHECKPOINT', 'SHA256SUMS', 'REBUILD', 'tiny_config', 'encode_example', 'collate', 'load_tensors',
@@ -143,7 +143,7 @@ def resume_training(ckpt_dir, config: dict, model, opt, sched) -> tuple[int, lis
 # %% ../nbs/03_lm.ipynb #6178b25b
 SHA256SUMS = "SHA256SUMS"        # data/models/SHA256SUMS: `<sha256>  <model name>` of every committed model's weights
 REBUILD = {BASE_NAME: "make base", NOISY_NAME: "make base-noisy", LONG_NAME: "make base-long", REVISER_NAME: "make base-reviser", EDITOR_NAME: "make base-editor",
-           LINE_EDITOR_NAME: "make base-line-editor", MOVER_NAME: "make base-mover", VL_BASE_NAME: "make base-vl", VL16_BASE_NAME: "make base-vl16", "pixrl-mem-base": "make mem-base",
+           LINE_EDITOR_NAME: "make base-line-editor", MOVER_NAME: "make base-mover", VL_BASE_NAME: "make base-vl", VL16_BASE_NAME: "make base-vl16", VL16C_BASE_NAME: "make base-vl16c", "pixrl-mem-base": "make mem-base",
            "pixrl-mem-base-dw": "make mem-base-dw"}   # the make target that rebuilds each committed model
 
 def model_dir_sha256(path) -> str:
